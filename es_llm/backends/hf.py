@@ -1,0 +1,136 @@
+"""Generation with Hugging Face transformers: works everywhere, no extra engine.
+
+The decoding loop is written out (KV cache, temperature, nucleus sampling) rather than
+delegated to ``model.generate`` so that sampling is driven by an explicit
+``torch.Generator`` and so each generated token's logprob is the unscaled log-softmax,
+matching what vLLM reports.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from tqdm.auto import tqdm
+
+from es_llm.backends.base import Completion, SamplingParams
+
+
+def nucleus_sample(logits_B_V: torch.Tensor, temperature: float, top_p: float,
+                   generator: torch.Generator) -> torch.Tensor:
+    """Sample one token per row from ``softmax(logits / temperature)`` restricted to the
+    smallest set of tokens whose probability reaches ``top_p`` (Holtzman et al. 2020).
+    ``temperature == 0`` is greedy. Returns token ids of shape ``[B]``."""
+    if temperature == 0:
+        return logits_B_V.argmax(dim=-1)
+    probs_B_V = torch.softmax(logits_B_V.float() / temperature, dim=-1)
+    if top_p < 1.0:
+        sorted_B_V, order_B_V = probs_B_V.sort(dim=-1, descending=True)
+        # Keep a token while the mass before it is still below top_p (the top token always).
+        keep_B_V = (sorted_B_V.cumsum(dim=-1) - sorted_B_V) < top_p
+        sorted_B_V = sorted_B_V * keep_B_V
+        probs_B_V = torch.zeros_like(probs_B_V).scatter(-1, order_B_V, sorted_B_V)
+    return torch.multinomial(probs_B_V, 1, generator=generator).squeeze(-1)
+
+
+class HFBackend:
+    """Batched sampling from an ``AutoModelForCausalLM`` on the CPU (or a given device)."""
+
+    name = "hf"
+
+    def __init__(self, model_path: str, batch_size: int = 512, device: str = "cpu",
+                 dtype: torch.dtype = torch.float32, model=None, tokenizer=None):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(model_path)
+        self.model = model or AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
+        self.model.to(device).eval()
+        self.device = device
+        self.batch_size = batch_size
+
+    def generate(self, prompts: Sequence[str], params: SamplingParams,
+                 progress: bool = False) -> list[list[Completion]]:
+        jobs = [(p, s) for p in range(len(prompts)) for s in range(params.n)]
+        results: list[list[Completion | None]] = [[None] * params.n for _ in prompts]
+        generator = torch.Generator(device="cpu").manual_seed(params.seed)
+        bar = tqdm(total=len(jobs), desc="generate[hf]", unit="seq", disable=not progress)
+        for start in range(0, len(jobs), self.batch_size):
+            chunk = jobs[start:start + self.batch_size]
+            outs = self._generate_batch([prompts[p] for p, _ in chunk], params, generator)
+            for (p, s), out in zip(chunk, outs):
+                results[p][s] = out
+            bar.update(len(chunk))
+        bar.close()
+        return results  # type: ignore[return-value]
+
+    @torch.no_grad()
+    def _generate_batch(self, prompts: list[str], params: SamplingParams,
+                        generator: torch.Generator) -> list[Completion]:
+        tok = self.tokenizer
+        encoded = [tok(p).input_ids for p in prompts]
+        B, L = len(encoded), max(len(e) for e in encoded)
+        pad_id = tok.pad_token_id
+        # Left padding keeps every row's next token at the same position of the batch.
+        ids_B_L = torch.full((B, L), pad_id, dtype=torch.long)
+        mask_B_L = torch.zeros((B, L), dtype=torch.long)
+        for i, e in enumerate(encoded):
+            ids_B_L[i, L - len(e):] = torch.tensor(e)
+            mask_B_L[i, L - len(e):] = 1
+        ids_B_L, mask_B_L = ids_B_L.to(self.device), mask_B_L.to(self.device)
+        pos_B_L = (mask_B_L.cumsum(-1) - 1).clamp(min=0)
+
+        out = self.model(input_ids=ids_B_L, attention_mask=mask_B_L, position_ids=pos_B_L,
+                         use_cache=True)
+        cache, logits_B_V = out.past_key_values, out.logits[:, -1]
+        next_pos_B = pos_B_L[:, -1] + 1
+        tokens, lps = [[] for _ in range(B)], [[] for _ in range(B)]
+        done = [False] * B
+        finish = ["length"] * B
+        texts = [""] * B
+        for _ in range(params.max_tokens):
+            next_B = nucleus_sample(logits_B_V, params.temperature, params.top_p,
+                                    generator).to(self.device)
+            if params.logprobs:
+                lp_B = torch.log_softmax(logits_B_V.float(), -1).gather(-1, next_B[:, None])[:, 0]
+            for i in range(B):
+                if done[i]:
+                    continue
+                t = int(next_B[i])
+                # Like vLLM, the ids (and logprobs) end with the EOS that stopped the row, so
+                # a trainer sees the decision to stop; the text leaves it out.
+                tokens[i].append(t)
+                if params.logprobs:
+                    lps[i].append(float(lp_B[i]))
+                if t == tok.eos_token_id:
+                    done[i], finish[i] = True, "stop"
+                    continue
+                if params.stop:
+                    texts[i] = tok.decode(tokens[i], skip_special_tokens=True)
+                    if any(s in texts[i] for s in params.stop):
+                        done[i], finish[i] = True, "stop"
+            if all(done):
+                break
+            mask_B_L = torch.cat([mask_B_L, torch.ones((B, 1), dtype=torch.long,
+                                                       device=self.device)], dim=1)
+            out = self.model(input_ids=next_B[:, None], attention_mask=mask_B_L,
+                             position_ids=next_pos_B[:, None], past_key_values=cache,
+                             use_cache=True)
+            cache, logits_B_V = out.past_key_values, out.logits[:, -1]
+            next_pos_B = next_pos_B + 1
+        return [self._finish(tokens[i], lps[i] if params.logprobs else None, finish[i], params)
+                for i in range(B)]
+
+    def _finish(self, token_ids: list[int], logprobs, finish: str,
+                params: SamplingParams) -> Completion:
+        text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
+        cut = min((text.find(s) for s in params.stop if s in text), default=-1)
+        if cut >= 0:
+            # Like vLLM: the text ends before the stop string; the ids keep the tokens that
+            # completed it.
+            text = text[:cut]
+        return Completion(text=text, token_ids=tuple(token_ids),
+                          logprobs=tuple(logprobs) if logprobs is not None else None,
+                          finish_reason=finish)
+
+    def close(self) -> None:
+        self.model = None

@@ -1,0 +1,125 @@
+"""The ``es-llm`` command line: one subcommand per job.
+
+Each subcommand takes ``--config FILE.yaml`` and ``key=value`` overrides (dotted keys for
+nested fields) on top of its flags; precedence is defaults < flags < file < overrides.
+Exit status: 0 success, 2 bad input (config, paths, data), 1 anything else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import textwrap
+
+from es_llm.errors import BadInput
+
+OVERRIDES_HELP = ("config overrides as key=value with dotted keys for nested fields, e.g. "
+                  "sampling.top_p=0.95 task.limit=50; they win over --config and the flags")
+
+
+def _add_common(p: argparse.ArgumentParser, out_required: bool) -> None:
+    p.add_argument("--config", metavar="FILE.yaml",
+                   help="YAML file with config keys (see configs/ for examples)")
+    p.add_argument("--out", metavar="DIR", required=out_required,
+                   help="output folder (created if missing; files in it are replaced atomically)")
+    p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help=OVERRIDES_HELP)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="es-llm",
+        description="Post-train language models with Evolution Strategies or gradient RL, "
+                    "and compare them on shared rewards and metrics.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    tb = sub.add_parser(
+        "testbed", help="build (or reuse from the cache) the embedded base model",
+        description=textwrap.dedent("""\
+            Build the embedded testbed deterministically from its config: held-out problem
+            sets (data/countdown_eval.jsonl, countdown_rl.jsonl, arithmetic_eval.jsonl), a
+            character-level tokenizer and a small Qwen2 model pretrained on procedurally
+            generated Countdown and arithmetic solutions. Builds are cached by a hash of the
+            config under $ES_LLM_CACHE (default ~/.cache/es-llm) and copied to --out."""),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    tb.add_argument("--size", choices=["ci", "default"], default="default",
+                    help="preset: 'ci' (tiny, about a minute) or 'default' (up to 10 minutes on "
+                         "2 cores)")
+    _add_common(tb, out_required=False)
+
+    ev = sub.add_parser(
+        "eval", help="sample a model on a task and report pass@k, coverage and diversity",
+        description=textwrap.dedent("""\
+            Sample N completions per problem, score them with the task's verifier and write
+            DIR/samples.jsonl (one line per sample) and DIR/metrics.json (pass@k for
+            k = 1, 2, 4, ... up to N with 95% bootstrap CIs over problems, maj@k, pass^k,
+            coverage, diversity). A testbed model is evaluated on its own held-out set
+            unless --data is given; other models use the task's generator or --data."""),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    ev.add_argument("--model", help="Hugging Face model folder (e.g. from `es-llm testbed`)")
+    ev.add_argument("--task", help="task name: countdown, arithmetic or math")
+    ev.add_argument("--data", help="local JSONL/JSON/parquet file of problems for the task")
+    ev.add_argument("--limit", type=int, help="evaluate only the first LIMIT problems")
+    ev.add_argument("--n", type=int, help="samples per problem (default 64)")
+    ev.add_argument("--temperature", type=float, help="sampling temperature, 0 = greedy (default 1.0)")
+    ev.add_argument("--top-p", type=float, help="nucleus sampling threshold (default 1.0)")
+    ev.add_argument("--max-tokens", type=int, help="longest completion in tokens (default 64)")
+    ev.add_argument("--seed", type=int, help="sampling seed (default 0)")
+    ev.add_argument("--backend", choices=["auto", "hf", "vllm"],
+                    help="generation backend; auto = vLLM when installed (default auto)")
+    _add_common(ev, out_required=True)
+    return parser
+
+
+def _eval_base(args) -> dict:
+    base: dict = {}
+    if args.model is not None:
+        base["model"] = args.model
+    task = {k: v for k, v in (("name", args.task), ("data", args.data), ("limit", args.limit))
+            if v is not None}
+    sampling = {k: v for k, v in (("n", args.n), ("temperature", args.temperature),
+                                  ("top_p", args.top_p), ("max_tokens", args.max_tokens),
+                                  ("seed", args.seed)) if v is not None}
+    if task:
+        base["task"] = task
+    if sampling:
+        base["sampling"] = sampling
+    if args.backend is not None:
+        base["backend"] = args.backend
+    return base
+
+
+def run_testbed(args) -> None:
+    from es_llm.testbed.build import build_testbed, describe
+    from es_llm.testbed.config import load_testbed_config
+
+    cfg = load_testbed_config(args.size, args.config, args.overrides)
+    path, info = build_testbed(cfg, args.out, progress=not args.no_progress)
+    print(describe(path, info))
+
+
+def run_eval(args) -> None:
+    from es_llm.config import load_config
+    from es_llm.evaluate import EvalConfig, evaluate
+
+    cfg = load_config(EvalConfig, base=_eval_base(args), path=args.config, overrides=args.overrides)
+    evaluate(cfg, args.out, progress=not args.no_progress)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        {"testbed": run_testbed, "eval": run_eval}[args.command](args)
+    except BadInput as exc:
+        print(f"es-llm {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"es-llm {args.command}: interrupted", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,187 @@
+"""Configs as nested frozen dataclasses, loaded from YAML with ``key=value`` overrides.
+
+Every experiment is a YAML file whose keys mirror a dataclass tree. Loading is strict:
+an unknown key, a value of the wrong type or a failed ``__post_init__`` check raises
+``BadInput`` with a message that names the key and the valid choices, so the CLI can exit
+with status 2 before anything is written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from es_llm.errors import BadInput
+
+C = TypeVar("C")
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Check ``value`` against the annotation ``tp`` and convert YAML forms (list->tuple)."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, key)
+            except BadInput as exc:
+                errors.append(str(exc))
+        raise BadInput(f"config key '{key}' has value {value!r}, expected {_type_name(tp)}.")
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise BadInput(f"config key '{key}' must be a mapping of the fields of "
+                           f"{tp.__name__} ({', '.join(f.name for f in dataclasses.fields(tp))}), "
+                           f"got {value!r}.")
+        return from_dict(tp, value, prefix=key + ".")
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise BadInput(f"config key '{key}' must be a list, got {value!r}.")
+        item_tp = args[0] if args else Any
+        return tuple(_coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value))
+    if origin is dict or tp is dict:
+        if not isinstance(value, dict):
+            raise BadInput(f"config key '{key}' must be a mapping, got {value!r}.")
+        return dict(value)
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise BadInput(f"config key '{key}' must be a number, got {value!r}.")
+        return float(value)
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise BadInput(f"config key '{key}' must be an integer, got {value!r}.")
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise BadInput(f"config key '{key}' must be true or false, got {value!r}.")
+        return value
+    if tp is str:
+        if not isinstance(value, str):
+            raise BadInput(f"config key '{key}' must be a string, got {value!r}.")
+        return value
+    raise TypeError(f"unsupported config annotation {tp!r} for key {key}")
+
+
+def from_dict(cls: type[C], data: dict, prefix: str = "") -> C:
+    """Build dataclass ``cls`` from a (possibly partial) nested dict, strictly."""
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise BadInput(
+            f"unknown config key{'s' if len(unknown) > 1 else ''} "
+            f"{', '.join(repr(prefix + k) for k in unknown)}; valid keys here are: "
+            f"{', '.join(prefix + k for k in fields)}."
+        )
+    kwargs = {name: _coerce(value, hints[name], prefix + name) for name, value in data.items()}
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:
+        raise BadInput(f"config section '{prefix.rstrip('.') or cls.__name__}' is incomplete: {exc}.")
+
+
+def to_dict(cfg: Any) -> dict:
+    """The plain-data form of a config (tuples become lists), ready for YAML or JSON."""
+    def plain(v: Any) -> Any:
+        if dataclasses.is_dataclass(v):
+            return {f.name: plain(getattr(v, f.name)) for f in dataclasses.fields(v)}
+        if isinstance(v, (list, tuple)):
+            return [plain(x) for x in v]
+        if isinstance(v, dict):
+            return {k: plain(x) for k, x in v.items()}
+        return v
+    return plain(cfg)
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """Split ``a.b.c=value`` into its key path and a YAML-parsed value."""
+    if "=" not in text:
+        raise BadInput(f"override {text!r} is not of the form key=value (dotted keys for "
+                       f"nested fields, e.g. sampling.temperature=0.7).")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if not key or any(not part for part in key.split(".")):
+        raise BadInput(f"override {text!r} has an empty key.")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.split("."), value
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    """Return a copy of ``data`` with dotted ``key=value`` overrides set (later wins)."""
+    out = _deep_copy(data)
+    for text in overrides:
+        path, value = parse_override(text)
+        node = out
+        for part in path[:-1]:
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            elif not isinstance(child, dict):
+                raise BadInput(f"override {text!r}: '{part}' is a value, not a section.")
+            node = child
+        node[path[-1]] = value
+    return out
+
+
+def _deep_copy(data: dict) -> dict:
+    return {k: _deep_copy(v) if isinstance(v, dict) else v for k, v in data.items()}
+
+
+def read_yaml(path: str | Path) -> dict:
+    """Read a YAML mapping from ``path`` or raise ``BadInput`` naming the problem."""
+    path = Path(path)
+    if not path.is_file():
+        raise BadInput(f"config file {str(path)!r} does not exist (or is not a file).")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise BadInput(f"config file {str(path)!r} is not valid YAML: {exc}".replace("\n", " "))
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise BadInput(f"config file {str(path)!r} must hold a mapping at the top level, "
+                       f"got {type(data).__name__}.")
+    return data
+
+
+def load_config(cls: type[C], base: dict | None = None, path: str | Path | None = None,
+                overrides: list[str] | None = None) -> C:
+    """Compose ``base`` (e.g. CLI flags), then the YAML file, then overrides, into ``cls``.
+
+    Precedence, from weakest to strongest: dataclass defaults, ``base``, the file, the
+    ``key=value`` overrides.
+    """
+    data = _deep_copy(base or {})
+    if path is not None:
+        data = _merge(data, read_yaml(path))
+    data = apply_overrides(data, overrides or [])
+    return from_dict(cls, data)
+
+
+def _merge(a: dict, b: dict) -> dict:
+    out = _deep_copy(a)
+    for k, v in b.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def dump_yaml(cfg: Any) -> str:
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False)

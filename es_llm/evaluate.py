@@ -1,0 +1,158 @@
+"""Sample a model on a task's problems, score every sample, compute the shared metrics.
+
+``evaluate`` is the whole of ``es-llm eval``; ``sample_and_score`` is the part the testbed
+build and later trainers reuse.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+
+from es_llm.backends import BACKEND_NAMES, SamplingParams, make_backend
+from es_llm.config import dump_yaml
+from es_llm.errors import BadInput
+from es_llm.io import write_json_atomic, write_jsonl_atomic, write_text_atomic
+from es_llm.metrics.summary import evaluation_metrics, format_table
+from es_llm.tasks import Problem, TaskConfig, build_task
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    # Samples per problem; pass@k is reported for k = 1, 2, 4, ... up to n.
+    n: int = 64
+    # 0 = greedy. The same settings must be used for every model being compared.
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 64
+    # Seed of the sampler (same seed, same backend, same samples).
+    seed: int = 0
+
+    def params(self) -> SamplingParams:
+        return SamplingParams(n=self.n, temperature=self.temperature, top_p=self.top_p,
+                              max_tokens=self.max_tokens, seed=self.seed)
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    # A Hugging Face model folder (config.json + weights + tokenizer), e.g. a testbed build.
+    model: str = ""
+    task: TaskConfig = field(default_factory=TaskConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    # Generation backend: auto (vLLM when installed), hf or vllm.
+    backend: str = "auto"
+    # Bootstrap resamples over problems for the 95% confidence intervals.
+    bootstrap: int = 1000
+    # Seed for the metric estimators' own randomness (bootstrap, maj@k subsets).
+    metrics_seed: int = 0
+
+    def __post_init__(self):
+        if self.backend not in BACKEND_NAMES:
+            raise BadInput(f"unknown backend {self.backend!r}; valid choices are: "
+                           f"{', '.join(BACKEND_NAMES)}.")
+        if self.bootstrap < 10:
+            raise BadInput(f"bootstrap must be at least 10 resamples, got {self.bootstrap}.")
+
+
+def check_model_path(path: str) -> Path:
+    p = Path(path)
+    if not path:
+        raise BadInput("no model given; pass --model PATH (a Hugging Face model folder, e.g. "
+                       "one built by `es-llm testbed`).")
+    if not p.is_dir() or not (p / "config.json").is_file():
+        raise BadInput(f"model path {path!r} is not a Hugging Face model folder (expected a "
+                       f"directory with config.json, weights and tokenizer files).")
+    return p
+
+
+def resolve_task_config(cfg: EvalConfig) -> EvalConfig:
+    """Point a task without data at the model's own held-out set when it has one.
+
+    Testbed builds ship ``data/<task>_eval.jsonl``; evaluating a testbed model (or a
+    checkpoint trained from it, which copies the folder) on its task then uses the
+    held-out problems it never saw in training, not freshly generated ones.
+    """
+    if cfg.task.data is None:
+        held_out = Path(cfg.model) / "data" / f"{cfg.task.name}_eval.jsonl"
+        if held_out.is_file():
+            return replace(cfg, task=replace(cfg.task, data=str(held_out)))
+    return cfg
+
+
+def sample_and_score(backend, task, problems: list[Problem], params: SamplingParams,
+                     progress: bool = True) -> list[dict]:
+    """Generate ``params.n`` samples per problem and score them; one row per sample."""
+    outs = backend.generate([p.prompt for p in problems], params, progress=progress)
+    pairs = [(p, c.text) for p, row in zip(problems, outs) for c in row]
+    scores = task.score_many(pairs)
+    rows, it = [], iter(scores)
+    for p, row in zip(problems, outs):
+        for s, c in enumerate(row):
+            sc = next(it)
+            rows.append({"problem_id": p.id, "sample_index": s, "prompt": p.prompt,
+                         "completion": c.text, "reward": sc.reward, "correct": sc.correct,
+                         "answer": sc.answer, "difficulty": p.difficulty,
+                         "num_tokens": len(c.token_ids), "finish_reason": c.finish_reason,
+                         **{k: v for k, v in sc.details().items() if k != "answer"}})
+    return rows
+
+
+def metrics_from_rows(rows: list[dict], n: int, bootstrap: int = 1000, seed: int = 0) -> dict:
+    """Group sample rows by problem (in first-seen order) and compute the metrics dict."""
+    order, groups = [], {}
+    for r in rows:
+        if r["problem_id"] not in groups:
+            order.append(r["problem_id"])
+            groups[r["problem_id"]] = []
+        groups[r["problem_id"]].append(r)
+    g = [sorted(groups[i], key=lambda r: r["sample_index"]) for i in order]
+    return evaluation_metrics(
+        problem_ids=order,
+        correct=[np.array([r["correct"] for r in rs], dtype=bool) for rs in g],
+        answer_keys=[[r.get("answer_key") for r in rs] for rs in g],
+        solution_keys=[[r.get("solution_key") for r in rs] for rs in g],
+        texts=[[r["completion"] for r in rs] for rs in g],
+        n=n, rng=np.random.default_rng(seed),
+        difficulties=[rs[0].get("difficulty", 0) for rs in g],
+        num_resamples=bootstrap,
+    )
+
+
+def evaluate(cfg: EvalConfig, out: str | Path, progress: bool = True, echo=print) -> dict:
+    """Run ``es-llm eval``: validate everything first, then sample, score and write."""
+    check_model_path(cfg.model)
+    cfg = resolve_task_config(cfg)
+    task = build_task(cfg.task)
+    try:
+        problems = task.problems()
+        if not problems:
+            raise BadInput(f"task {cfg.task.name!r} produced no problems (data={cfg.task.data!r}, "
+                           f"limit={cfg.task.limit}).")
+        out = Path(out)
+        if out.exists() and not out.is_dir():
+            raise BadInput(f"output path {str(out)!r} exists and is not a directory.")
+        t0 = time.perf_counter()
+        backend = make_backend(cfg.backend, cfg.model, seed=cfg.sampling.seed)
+        t_load = time.perf_counter() - t0
+        echo(f"evaluating {cfg.model} on {len(problems)} {cfg.task.name} problems, "
+             f"n={cfg.sampling.n}, T={cfg.sampling.temperature}, backend={backend.name}")
+        t0 = time.perf_counter()
+        rows = sample_and_score(backend, task, problems, cfg.sampling.params(), progress)
+        t_gen = time.perf_counter() - t0
+        backend.close()
+    finally:
+        task.close()
+    metrics = metrics_from_rows(rows, cfg.sampling.n, cfg.bootstrap, cfg.metrics_seed)
+    metrics["perf"] = {"load_s": round(t_load, 2), "sample_and_score_s": round(t_gen, 2),
+                       "samples_per_s": round(len(rows) / max(t_gen, 1e-9), 1)}
+    metrics["config"] = {"model": cfg.model, "task": cfg.task.name, "data": cfg.task.data,
+                         "backend": backend.name}
+    write_text_atomic(out / "config.yaml", dump_yaml(cfg))
+    write_jsonl_atomic(out / "samples.jsonl", rows)
+    write_json_atomic(out / "metrics.json", metrics)
+    echo(format_table(metrics))
+    echo(f"wrote {out / 'samples.jsonl'} and {out / 'metrics.json'}")
+    return metrics

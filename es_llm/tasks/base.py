@@ -1,0 +1,74 @@
+"""What every task provides: problems to prompt with, and a reward for a completion.
+
+A task is a small object with a name, a way to produce ``Problem`` records (procedurally or
+from a local file) and a ``score`` method. Trainers and evaluators only ever see this
+interface, so ES, the gradient methods and the evaluator share one definition of reward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, Sequence
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One prompt with what is needed to check an answer.
+
+    ``gold`` is task-specific plain data (JSON-serialisable): the target and numbers for
+    Countdown, an integer for arithmetic, a LaTeX string for math. ``difficulty`` is a small
+    integer tier (higher is harder) or 0 when the source has none.
+    """
+
+    id: str
+    prompt: str
+    gold: Any
+    difficulty: int = 0
+    meta: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Score:
+    """The outcome of scoring one completion.
+
+    ``reward`` lies in [0, 1]. ``correct`` is the verifier's verdict. ``answer`` is the parsed
+    final answer as a string (None when nothing could be parsed). ``answer_key`` groups
+    equivalent final answers (used by maj@k and answer entropy); ``solution_key`` groups
+    equivalent solutions (used to count distinct correct solutions). ``error`` says why
+    scoring failed, if it did; a failure always means reward 0, never an exception.
+    """
+
+    reward: float
+    correct: bool
+    answer: str | None = None
+    format_ok: bool = False
+    answer_key: str | None = None
+    solution_key: str | None = None
+    error: str | None = None
+
+    def details(self) -> dict:
+        return {
+            "answer": self.answer,
+            "format_ok": self.format_ok,
+            "answer_key": self.answer_key,
+            "solution_key": self.solution_key,
+            "error": self.error,
+        }
+
+
+class Task(Protocol):
+    """The interface every task implements."""
+
+    name: str
+
+    def problems(self) -> list[Problem]:
+        """The problems of this task instance (from its generator or its data file)."""
+
+    def score(self, problem: Problem, completion: str) -> Score:
+        """Score one completion of ``problem``; never raises."""
+
+    def score_many(self, pairs: Sequence[tuple[Problem, str]]) -> list[Score]:
+        """Score many completions (may run in parallel); never raises."""
+
+    def close(self) -> None:
+        """Release worker processes, if any."""

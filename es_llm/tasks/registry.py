@@ -1,0 +1,171 @@
+"""The task registry, the one config every task is built from, and helpers tasks share.
+
+Tasks register a builder with ``@register_task("name")``; ``build_task(TaskConfig(...))``
+looks the name up once, at construction time, so callers never branch on task names.
+The registry is the only module-level mutable state in ``es_llm.tasks``.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from pathlib import Path, PurePath
+from typing import Callable
+
+from es_llm.errors import BadInput
+from es_llm.tasks.base import Problem, Task
+
+_BUILDERS: dict[str, Callable[["TaskConfig"], Task]] = {}
+
+DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    """Which task to build and how; the same fields for every task.
+
+    Procedural fields (``num_problems``, ``seed``, ``tiers``) are ignored when ``data`` names
+    a file. ``format_weight`` mixes a format bonus into the reward:
+    ``reward = format_weight * format_ok + (1 - format_weight) * correct``.
+    """
+
+    # Registered task name: countdown, arithmetic or math.
+    name: str = "countdown"
+    # A local .jsonl / .json / .parquet file of problems; None = the task's generator.
+    data: str | None = None
+    # Keep only the first N problems (of the file or of the generated list).
+    limit: int | None = None
+    # How many problems the generator makes (procedural only).
+    num_problems: int = 200
+    # Seed of the generator (procedural only).
+    seed: int = 0
+    # Difficulty tiers the generator cycles through; empty = the task's own default.
+    tiers: tuple[int, ...] = ()
+    # Wall-clock limit on verifying one completion, in seconds (math: a stuck verifier
+    # process is killed shortly after).
+    timeout_s: float = 5.0
+    # Share of the reward given for a well-formed answer, in [0, 1).
+    format_weight: float = 0.0
+
+    def __post_init__(self):
+        # YAML gives lists and callers may pass Paths; store the hashable, printable forms.
+        if isinstance(self.tiers, list):
+            object.__setattr__(self, "tiers", tuple(self.tiers))
+        if isinstance(self.data, PurePath):
+            object.__setattr__(self, "data", str(self.data))
+        if self.name not in _BUILDERS:
+            raise BadInput(f"task.name {self.name!r} is not a registered task; choose one of "
+                           f"{', '.join(task_names())}.")
+        if self.data is not None:
+            if not isinstance(self.data, str) or not self.data.strip():
+                raise BadInput(f"task.data must be a file path or null (the task's generator), "
+                               f"got {self.data!r}.")
+            if not self.data.lower().endswith(DATA_SUFFIXES):
+                raise BadInput(f"task.data {self.data!r} has an unsupported extension; use a "
+                               f"{', '.join(DATA_SUFFIXES)} file, or null for the generator.")
+        if self.limit is not None and not (_is_int(self.limit) and self.limit >= 1):
+            raise BadInput(f"task.limit must be a positive integer or null (keep all problems), "
+                           f"got {self.limit!r}.")
+        if not (_is_int(self.num_problems) and self.num_problems >= 1):
+            raise BadInput(f"task.num_problems must be a positive integer, got "
+                           f"{self.num_problems!r}.")
+        if not _is_int(self.seed):
+            raise BadInput(f"task.seed must be an integer, got {self.seed!r}.")
+        if not isinstance(self.tiers, tuple) or not all(_is_int(t) and t >= 1 for t in self.tiers):
+            raise BadInput(f"task.tiers must be a list of positive integers (empty = the task's "
+                           f"default tiers), got {self.tiers!r}.")
+        if not (_is_number(self.timeout_s) and 0 < self.timeout_s < math.inf):
+            raise BadInput(f"task.timeout_s must be a positive number of seconds, got "
+                           f"{self.timeout_s!r}.")
+        if not (_is_number(self.format_weight) and 0 <= self.format_weight < 1):
+            raise BadInput(f"task.format_weight must lie in [0, 1) (0 = reward correctness "
+                           f"only), got {self.format_weight!r}.")
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and not math.isnan(x)
+
+
+def register_task(name: str):
+    """Decorator registering ``fn(cfg: TaskConfig) -> Task`` under ``name``."""
+
+    def decorator(fn: Callable[[TaskConfig], Task]):
+        if name in _BUILDERS and _BUILDERS[name] is not fn:
+            raise ValueError(f"task {name!r} is already registered")
+        _BUILDERS[name] = fn
+        return fn
+
+    return decorator
+
+
+def build_task(cfg: TaskConfig) -> Task:
+    """Build the task ``cfg.name`` from ``cfg``; raises BadInput on unusable settings."""
+    return _BUILDERS[cfg.name](cfg)
+
+
+def task_names() -> list[str]:
+    """The registered task names, sorted."""
+    return sorted(_BUILDERS)
+
+
+def combine_reward(correct: bool, format_ok: bool, format_weight: float) -> float:
+    """``format_weight * format_ok + (1 - format_weight) * correct``, a value in [0, 1]."""
+    return format_weight * float(format_ok) + (1.0 - format_weight) * float(correct)
+
+
+def check_tiers(task: str, tiers: tuple[int, ...], lowest: int, highest: int) -> None:
+    """Raise BadInput unless every tier lies in ``[lowest, highest]``."""
+    bad = [t for t in tiers if not lowest <= t <= highest]
+    if bad:
+        raise BadInput(f"task.tiers {list(tiers)} is invalid for {task}: tiers {bad} are out of "
+                       f"range; each tier must be an integer from {lowest} to {highest}.")
+
+
+def distinct_problems(
+    generate: Callable[[random.Random, int], tuple[Problem, str]],
+    key: Callable[[Problem], object],
+    cfg: TaskConfig,
+    tiers: tuple[int, ...],
+) -> list[Problem]:
+    """``cfg.num_problems`` distinct generated problems, cycling through ``tiers``.
+
+    One ``random.Random(cfg.seed)`` stream drives everything, so the list is a pure function
+    of the config and a longer list extends a shorter one. Duplicates (same ``key``) are
+    redrawn, since a repeated problem would count twice in pass@k; a tier whose problem
+    space is too small for the request raises BadInput instead of looping forever.
+    """
+    rng = random.Random(cfg.seed)
+    seen: set = set()
+    problems: list[Problem] = []
+    for i in range(cfg.num_problems):
+        tier = tiers[i % len(tiers)]
+        # Generous: small tiers saturate slowly, and this bound only matters when exhausted.
+        for _ in range(1000):
+            problem, _ = generate(rng, tier)
+            k = key(problem)
+            if k not in seen:
+                break
+        else:
+            raise BadInput(f"task {cfg.name!r} could not generate {cfg.num_problems} distinct "
+                           f"problems: tier {tier} ran out after {len(problems)} problems in all; "
+                           f"lower task.num_problems or add harder task.tiers.")
+        seen.add(k)
+        problems.append(Problem(id=f"{cfg.name}-s{cfg.seed}-{i:05d}", prompt=problem.prompt,
+                                gold=problem.gold, difficulty=problem.difficulty,
+                                meta=problem.meta))
+    return problems
+
+
+def keep_first(problems: list[Problem], limit: int | None) -> list[Problem]:
+    """The first ``limit`` problems (all when ``limit`` is None)."""
+    return problems if limit is None else problems[:limit]
+
+
+def data_path(cfg: TaskConfig) -> Path:
+    """``cfg.data`` as a Path (callers check ``cfg.data is not None`` first)."""
+    return Path(cfg.data).expanduser()

@@ -1,0 +1,1 @@
+"""The embedded testbed: small base models built deterministically on this machine."""

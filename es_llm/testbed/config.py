@@ -1,0 +1,125 @@
+"""The testbed's config: model shape, training data mix, training schedule, held-out sets.
+
+The dataclass defaults are the ``default`` size; ``presets/ci.yaml`` and
+``presets/default.yaml`` (package data) are what ``--size`` selects.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from es_llm.config import load_config, to_dict
+from es_llm.errors import BadInput
+
+SIZES = ("ci", "default")
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    # Llama decoder: width, depth, heads (query and key/value), MLP width. vLLM's CPU
+    # attention needs a head size (hidden_size / num_heads) of 32, 64, 80, 96, 112 or 128+.
+    hidden_size: int = 128
+    num_layers: int = 4
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    intermediate_size: int = 384
+    # Longest prompt + completion the model (and vLLM's max_model_len) supports.
+    max_positions: int = 256
+
+    def __post_init__(self):
+        if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
+            raise BadInput(f"model shape: hidden_size ({self.hidden_size}) must be divisible by "
+                           f"num_heads ({self.num_heads}), and num_heads by num_kv_heads "
+                           f"({self.num_kv_heads}).")
+        head_size = self.hidden_size // self.num_heads
+        if head_size not in (32, 64, 80, 96, 112, 128, 160, 192, 224, 256):
+            raise BadInput(f"model shape: head size hidden_size/num_heads = {head_size} is not "
+                           f"supported by vLLM's CPU attention; use 32, 64, 80, 96, 112 or 128.")
+
+
+@dataclass(frozen=True)
+class DataMix:
+    # Countdown tiers (how many numbers) and the share of training examples of each.
+    countdown_tiers: tuple[int, ...] = (2, 3, 4)
+    countdown_weights: tuple[float, ...] = (0.3, 0.4, 0.3)
+    # Largest number drawn (null = the generator's per-tier default, 3 * numbers + 3) and
+    # largest target allowed in Countdown problems.
+    countdown_max_number: int | None = None
+    countdown_max_target: int = 99
+    # Arithmetic tiers (how many operands) and the share of all examples that are arithmetic.
+    arithmetic_tiers: tuple[int, ...] = (2, 3, 4)
+    arithmetic_share: float = 0.2
+    # Held-out problems per tier, never seen in training: `eval` for evaluation, `rl` for
+    # post-training prompts (ES, GRPO).
+    eval_per_tier: int = 100
+    rl_per_tier: int = 200
+
+    def __post_init__(self):
+        if len(self.countdown_tiers) != len(self.countdown_weights):
+            raise BadInput("data.countdown_tiers and data.countdown_weights must have the same "
+                           f"length, got {len(self.countdown_tiers)} and {len(self.countdown_weights)}.")
+        if not 0 <= self.arithmetic_share < 1:
+            raise BadInput(f"data.arithmetic_share must lie in [0, 1), got {self.arithmetic_share}.")
+
+
+@dataclass(frozen=True)
+class TrainSchedule:
+    steps: int = 3000
+    batch_size: int = 64
+    lr: float = 2e-3
+    warmup_steps: int = 100
+    weight_decay: float = 0.01
+    # Torch threads for training (0 = torch's default).
+    threads: int = 0
+
+
+@dataclass(frozen=True)
+class ReportEval:
+    # The build ends with a quick evaluation on the held-out countdown set.
+    samples: int = 16
+    temperature: float = 1.0
+    max_tokens: int = 64
+
+
+@dataclass(frozen=True)
+class TestbedConfig:
+    size: str = "default"
+    seed: int = 0
+    model: ModelShape = field(default_factory=ModelShape)
+    data: DataMix = field(default_factory=DataMix)
+    train: TrainSchedule = field(default_factory=TrainSchedule)
+    report: ReportEval = field(default_factory=ReportEval)
+
+    def fingerprint(self) -> str:
+        """A hash of everything that changes the built model: the config (less the report
+        settings) and the source of the code that generates data and trains, so a cached
+        build is never reused after that code changed."""
+        d = to_dict(self)
+        d.pop("report")
+        h = hashlib.sha256(json.dumps(d, sort_keys=True).encode())
+        for source in _builder_sources():
+            h.update(source.read_bytes())
+        return h.hexdigest()[:16]
+
+
+def _builder_sources() -> list[Path]:
+    pkg = Path(__file__).resolve().parents[1]
+    return [pkg / "testbed" / "build.py", pkg / "testbed" / "tokenizer.py",
+            pkg / "tasks" / "countdown.py", pkg / "tasks" / "arithmetic.py"]
+
+
+def preset_path(size: str) -> Path:
+    if size not in SIZES:
+        raise BadInput(f"unknown testbed size {size!r}; valid sizes are: {', '.join(SIZES)}.")
+    return Path(__file__).parent / "presets" / f"{size}.yaml"
+
+
+def load_testbed_config(size: str = "default", path: str | None = None,
+                        overrides: list[str] | None = None) -> TestbedConfig:
+    """The preset for ``size``, then an optional YAML file, then ``key=value`` overrides."""
+    from es_llm.config import read_yaml
+    base = read_yaml(preset_path(size))
+    return load_config(TestbedConfig, base=base, path=path, overrides=overrides)

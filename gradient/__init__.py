@@ -1,0 +1,1 @@
+"""Gradient-based post-training baselines built on the shared core in ``es_llm``."""

@@ -1,0 +1,51 @@
+"""Shared fixtures: where the read-only evaluation data lives, and the ci testbed model."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def _shared_data_dir() -> Path:
+    env = os.environ.get("ES_LLM_SHARED_DATA")
+    return Path(env) if env else REPO_ROOT.parent / "shared" / "data"
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    path = _shared_data_dir()
+    if not path.is_dir():
+        pytest.fail(f"evaluation data not found at {path}; set ES_LLM_SHARED_DATA")
+    return path
+
+
+@pytest.fixture(scope="session")
+def ci_testbed() -> Path:
+    """The ci testbed model folder (built once, then reused from the cache)."""
+    from es_llm.testbed.build import build_testbed
+    from es_llm.testbed.config import load_testbed_config
+
+    path, _ = build_testbed(load_testbed_config("ci"), progress=False, echo=lambda *_: None)
+    return path
+
+
+@pytest.fixture(scope="session")
+def vllm_engine(ci_testbed):
+    """One in-process vLLM engine on the ci testbed, shared by every vLLM test."""
+    pytest.importorskip("vllm")
+    from es_llm.backends.vllm_backend import VLLMBackend
+
+    backend = VLLMBackend(str(ci_testbed))
+    yield backend
+    backend.close()
+
+
+@pytest.fixture(scope="session")
+def hf_engine(ci_testbed):
+    from es_llm.backends.hf import HFBackend
+
+    return HFBackend(str(ci_testbed))

@@ -1,0 +1,73 @@
+"""Config loading: YAML round trip, overrides, strict errors for unknown keys and types."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+import yaml
+
+from es_llm.config import apply_overrides, dump_yaml, from_dict, load_config, to_dict
+from es_llm.errors import BadInput
+
+
+@dataclass(frozen=True)
+class Inner:
+    lr: float = 0.1
+    tiers: tuple[int, ...] = (2, 3)
+    name: str | None = None
+
+
+@dataclass(frozen=True)
+class Outer:
+    steps: int = 10
+    flag: bool = False
+    inner: Inner = field(default_factory=Inner)
+
+
+def test_round_trip_through_yaml():
+    cfg = Outer(steps=3, flag=True, inner=Inner(lr=0.5, tiers=(4,), name="x"))
+    again = from_dict(Outer, yaml.safe_load(dump_yaml(cfg)))
+    assert again == cfg
+
+
+def test_overrides_win_over_file_and_base(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("steps: 5\ninner:\n  lr: 0.2\n")
+    cfg = load_config(Outer, base={"steps": 1, "flag": True}, path=f,
+                      overrides=["inner.lr=0.3", "inner.tiers=[1,2,3]"])
+    assert cfg == Outer(steps=5, flag=True, inner=Inner(lr=0.3, tiers=(1, 2, 3)))
+
+
+def test_int_is_accepted_for_float_but_not_the_reverse():
+    assert from_dict(Inner, {"lr": 1}).lr == 1.0
+    with pytest.raises(BadInput, match="'steps' must be an integer"):
+        from_dict(Outer, {"steps": 1.5})
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"stepz": 1}, r"unknown config key 'stepz'; valid keys here are: steps, flag, inner"),
+    ({"inner": {"lrr": 1}}, r"'inner.lrr'; valid keys here are: inner.lr, inner.tiers"),
+    ({"flag": "yes"}, r"'flag' must be true or false"),
+    ({"inner": 3}, r"'inner' must be a mapping"),
+    ({"inner": {"tiers": 3}}, r"'inner.tiers' must be a list"),
+])
+def test_bad_configs_name_the_problem(data, message):
+    with pytest.raises(BadInput, match=message):
+        from_dict(Outer, data)
+
+
+def test_bad_override_and_missing_file(tmp_path):
+    with pytest.raises(BadInput, match="key=value"):
+        apply_overrides({}, ["steps"])
+    with pytest.raises(BadInput, match="does not exist"):
+        load_config(Outer, path=tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("- a\n- b\n")
+    with pytest.raises(BadInput, match="mapping at the top level"):
+        load_config(Outer, path=bad)
+
+
+def test_to_dict_is_plain_data():
+    assert to_dict(Outer()) == {"steps": 10, "flag": False,
+                                "inner": {"lr": 0.1, "tiers": [2, 3], "name": None}}

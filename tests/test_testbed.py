@@ -1,0 +1,102 @@
+"""The testbed builder: deterministic, cached by config, held-out sets kept out of training,
+and a model folder that the Auto classes load."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from es_llm.errors import BadInput
+from es_llm.io import read_jsonl
+from es_llm.testbed.build import build_testbed, held_out_sets, training_example, _problem_key
+from es_llm.testbed.config import load_testbed_config
+
+
+def tiny(seed=0):
+    # A few training steps are enough to show determinism; the report eval stays small too.
+    return load_testbed_config("ci", overrides=[
+        f"seed={seed}", "train.steps=6", "data.eval_per_tier=3", "data.rl_per_tier=3",
+        "report.samples=2", "report.max_tokens=8"])
+
+
+def weights_digest(path) -> str:
+    return hashlib.sha256((path / "model.safetensors").read_bytes()).hexdigest()
+
+
+def test_build_is_deterministic_and_cached(tmp_path, monkeypatch):
+    monkeypatch.setenv("ES_LLM_CACHE", str(tmp_path / "cache-a"))
+    a, info_a = build_testbed(tiny(), tmp_path / "a", progress=False, echo=lambda *_: None)
+    monkeypatch.setenv("ES_LLM_CACHE", str(tmp_path / "cache-b"))
+    b, _ = build_testbed(tiny(), tmp_path / "b", progress=False, echo=lambda *_: None)
+    assert weights_digest(a) == weights_digest(b)
+    assert (a / "data" / "countdown_eval.jsonl").read_text() == \
+        (b / "data" / "countdown_eval.jsonl").read_text()
+    # A second request for the same config is served from the cache, not rebuilt.
+    said = []
+    c, _ = build_testbed(tiny(), tmp_path / "c", progress=False, echo=said.append)
+    assert any("found in cache" in s for s in said)
+    assert weights_digest(c) == weights_digest(a)
+    # Another seed is another model.
+    d, _ = build_testbed(tiny(seed=1), tmp_path / "d", progress=False, echo=lambda *_: None)
+    assert weights_digest(d) != weights_digest(a)
+    assert info_a["parameters"] == sum(
+        p.numel() for p in AutoModelForCausalLM.from_pretrained(a).parameters())
+
+
+def test_fingerprint_ignores_report_settings_only():
+    base = load_testbed_config("ci")
+    assert base.fingerprint() == load_testbed_config("ci", overrides=["report.samples=3"]).fingerprint()
+    assert base.fingerprint() != load_testbed_config("ci", overrides=["train.lr=0.01"]).fingerprint()
+
+
+def test_held_out_sets_are_disjoint_and_never_trained_on():
+    cfg = load_testbed_config("ci")
+    sets, excluded = held_out_sets(cfg)
+    keys = {name: {_problem_key(p) for p in problems} for name, problems in sets.items()}
+    assert not keys["countdown_eval"] & keys["countdown_rl"]
+    assert len(keys["countdown_eval"]) == cfg.data.eval_per_tier * len(cfg.data.countdown_tiers)
+    rng = random.Random(0)
+    for _ in range(2000):
+        prompt, completion = training_example(rng, cfg, excluded)
+        assert prompt not in {p.prompt for p in sets["countdown_eval"]}
+    # Tiers are all present in the eval set.
+    assert {p.difficulty for p in sets["countdown_eval"]} == set(cfg.data.countdown_tiers)
+
+
+def test_too_small_problem_space_is_a_clear_error():
+    cfg = load_testbed_config("ci", overrides=["data.countdown_tiers=[2]",
+                                               "data.countdown_weights=[1.0]",
+                                               "data.countdown_max_number=3",
+                                               "data.eval_per_tier=500"])
+    with pytest.raises(BadInput, match="too small"):
+        held_out_sets(cfg)
+
+
+def test_bad_sizes_and_shapes_are_rejected():
+    with pytest.raises(BadInput, match="valid sizes are: ci, default"):
+        load_testbed_config("huge")
+    with pytest.raises(BadInput, match="head size"):
+        load_testbed_config("ci", overrides=["model.num_heads=4", "model.num_kv_heads=4"])
+
+
+def test_ci_testbed_loads_with_auto_classes_and_solves_something(ci_testbed):
+    model = AutoModelForCausalLM.from_pretrained(ci_testbed)
+    tok = AutoTokenizer.from_pretrained(ci_testbed)
+    assert model.config.model_type == "llama"
+    info = json.loads((ci_testbed / "testbed.json").read_text())
+    assert info["size"] == "ci" and info["report"]["pass@1"] > 0
+    # The gold-format trace of a held-out problem is more likely under the model than a
+    # shuffled version of the same characters: it learned the format, not just characters.
+    row = read_jsonl(ci_testbed / "data" / "countdown_eval.jsonl")[0]
+    good = "1+1=2 <answer>1+1</answer>"
+    bad = "".join(sorted(good))
+    def nll(text):
+        ids = tok(row["prompt"] + text).input_ids + [tok.eos_token_id]
+        with torch.no_grad():
+            return model(input_ids=torch.tensor([ids]), labels=torch.tensor([ids])).loss.item()
+    assert nll(good) < nll(bad)
