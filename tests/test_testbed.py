@@ -13,7 +13,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from es_llm.errors import BadInput
 from es_llm.io import read_jsonl
-from es_llm.testbed.build import build_testbed, held_out_sets, training_example, _problem_key
+from es_llm.testbed.build import build_testbed
+from es_llm.testbed.train import _problem_key, held_out_sets, training_example
 from es_llm.testbed.config import load_testbed_config
 
 
@@ -38,7 +39,7 @@ def test_build_is_deterministic_and_cached(tmp_path, monkeypatch):
         (b / "data" / "countdown_eval.jsonl").read_text()
     # A second request for the same config is served from the cache, not rebuilt.
     said = []
-    c, _ = build_testbed(tiny(), tmp_path / "c", progress=False, echo=said.append)
+    c, _ = build_testbed(tiny(), tmp_path / "new" / "dirs" / "c", progress=False, echo=said.append)
     assert any("found in cache" in s for s in said)
     assert weights_digest(c) == weights_digest(a)
     # Another seed is another model.

@@ -58,6 +58,7 @@ __all__ = [
     "pass_hat_k_per_problem",
     "progressions_regressions",
     "self_bleu",
+    "tokenize",
     "sentence_bleu",
     "share_below",
     "solved_set",

@@ -18,7 +18,7 @@ import re
 from typing import Sequence
 
 from es_llm.errors import BadInput
-from es_llm.tasks.base import Problem, Score
+from es_llm.tasks.base import InProcessTask, Problem, Score
 from es_llm.tasks.loading import load_records, record_id
 from es_llm.tasks.registry import (TaskConfig, check_tiers, combine_reward, data_path,
                                    distinct_problems, keep_first, register_task)
@@ -126,7 +126,7 @@ def load_problems(path, limit: int | None = None) -> list[Problem]:
     return problems
 
 
-class ArithmeticTask:
+class ArithmeticTask(InProcessTask):
     """Arithmetic problems (generated or from a file) with an exact integer check."""
 
     name = "arithmetic"
@@ -150,27 +150,10 @@ class ArithmeticTask:
                 self._problems = keep_first(made, self.cfg.limit)
         return list(self._problems)
 
-    def score(self, problem: Problem, completion: str) -> Score:
-        """Score one completion; never raises."""
-        try:
-            return score_completion(int(problem.gold), completion,
-                                    format_weight=self.cfg.format_weight,
-                                    max_digits=self._max_digits)
-        except Exception as exc:  # noqa: BLE001 - a scorer bug must not stop a training run
-            return Score(reward=0.0, correct=False, error=f"internal error: {exc!r}"[:300])
-
-    def score_many(self, pairs: Sequence[tuple[Problem, str]]) -> list[Score]:
-        """Score many completions (cheap, so in this process)."""
-        return [self.score(p, c) for p, c in pairs]
-
-    def close(self) -> None:
-        """Nothing to release."""
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
+    def _score(self, problem: Problem, completion: str) -> Score:
+        return score_completion(int(problem.gold), completion,
+                                format_weight=self.cfg.format_weight,
+                                max_digits=self._max_digits)
 
 
 @register_task("arithmetic")

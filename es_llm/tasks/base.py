@@ -72,3 +72,36 @@ class Task(Protocol):
 
     def close(self) -> None:
         """Release worker processes, if any."""
+
+
+class TaskBase:
+    """Plumbing every task shares: a no-op ``close`` and use as a context manager."""
+
+    def close(self) -> None:
+        """Nothing to release unless a task overrides this."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class InProcessTask(TaskBase):
+    """A task whose scoring is cheap and bounded, so it runs in the caller's process.
+
+    Subclasses implement ``_score``; ``score`` turns any exception into reward 0 with the
+    error recorded, because a scorer bug must never stop a training run.
+    """
+
+    def _score(self, problem: Problem, completion: str) -> Score:
+        raise NotImplementedError
+
+    def score(self, problem: Problem, completion: str) -> Score:
+        try:
+            return self._score(problem, completion)
+        except Exception as exc:  # noqa: BLE001
+            return Score(reward=0.0, correct=False, error=f"internal error: {exc!r}"[:300])
+
+    def score_many(self, pairs: Sequence[tuple[Problem, str]]) -> list[Score]:
+        return [self.score(p, c) for p, c in pairs]

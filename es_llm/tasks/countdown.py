@@ -26,7 +26,7 @@ from fractions import Fraction
 from typing import Sequence, Union
 
 from es_llm.errors import BadInput
-from es_llm.tasks.base import Problem, Score
+from es_llm.tasks.base import InProcessTask, Problem, Score
 from es_llm.tasks.loading import load_records, record_id
 from es_llm.tasks.registry import (TaskConfig, check_tiers, combine_reward, data_path,
                                    distinct_problems, keep_first, register_task)
@@ -353,7 +353,7 @@ def _numbers(value, path, index: int) -> list[int]:
 # The task
 # ---------------------------------------------------------------------------------------------
 
-class CountdownTask:
+class CountdownTask(InProcessTask):
     """Countdown problems (generated or from a file) with the AST-based verifier."""
 
     name = "countdown"
@@ -382,26 +382,9 @@ class CountdownTask:
                 self._problems = keep_first(made, self.cfg.limit)
         return list(self._problems)
 
-    def score(self, problem: Problem, completion: str) -> Score:
-        """Score one completion; never raises."""
-        try:
-            return score_completion(problem.gold["numbers"], problem.gold["target"], completion,
-                                    format_weight=self.cfg.format_weight, **self._limits)
-        except Exception as exc:  # noqa: BLE001 - a scorer bug must not stop a training run
-            return Score(reward=0.0, correct=False, error=f"internal error: {exc!r}"[:300])
-
-    def score_many(self, pairs: Sequence[tuple[Problem, str]]) -> list[Score]:
-        """Score many completions (cheap and bounded, so in this process)."""
-        return [self.score(p, c) for p, c in pairs]
-
-    def close(self) -> None:
-        """Nothing to release."""
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
+    def _score(self, problem: Problem, completion: str) -> Score:
+        return score_completion(problem.gold["numbers"], problem.gold["target"], completion,
+                                format_weight=self.cfg.format_weight, **self._limits)
 
 
 @register_task("countdown")

@@ -24,7 +24,7 @@ import weakref
 from typing import Sequence
 
 from es_llm.errors import BadInput
-from es_llm.tasks.base import Problem, Score
+from es_llm.tasks.base import Problem, Score, TaskBase
 from es_llm.tasks.loading import load_records, record_id
 from es_llm.tasks.math_worker import Checker, VerifierPool, check_answer, failure
 from es_llm.tasks.registry import TaskConfig, combine_reward, data_path, register_task
@@ -111,7 +111,7 @@ def load_problems(path, limit: int | None = None) -> list[Problem]:
     return problems
 
 
-class MathTask:
+class MathTask(TaskBase):
     """Math problems from a file, verified by math-verify in worker processes.
 
     ``score_many`` sends completions to the workers in chunks; each completion gets at most
@@ -170,12 +170,6 @@ class MathTask:
     def close(self) -> None:
         """Stop the worker processes (they restart if the task is used again)."""
         self._pool.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
 @register_task("math")

@@ -107,7 +107,7 @@ class TestbedConfig:
 
 def _builder_sources() -> list[Path]:
     pkg = Path(__file__).resolve().parents[1]
-    return [pkg / "testbed" / "build.py", pkg / "testbed" / "tokenizer.py",
+    return [pkg / "testbed" / "train.py", pkg / "testbed" / "tokenizer.py",
             pkg / "tasks" / "countdown.py", pkg / "tasks" / "arithmetic.py"]
 
 
