@@ -14,7 +14,8 @@ import textwrap
 from es_llm.errors import BadInput
 
 OVERRIDES_HELP = ("config overrides as key=value with dotted keys for nested fields, e.g. "
-                  "sampling.top_p=0.95 task.limit=50; they win over --config and the flags")
+                  "sampling.top_p=0.95 task.limit=50; precedence: defaults < --config file < "
+                  "flags < overrides")
 
 
 def _add_common(p: argparse.ArgumentParser, out_required: bool) -> None:
@@ -73,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _eval_base(args) -> dict:
+def _eval_flags(args) -> dict:
     base: dict = {}
     if args.model is not None:
         base["model"] = args.model
@@ -104,7 +105,8 @@ def run_eval(args) -> None:
     from es_llm.config import load_config
     from es_llm.evaluate import EvalConfig, evaluate
 
-    cfg = load_config(EvalConfig, base=_eval_base(args), path=args.config, overrides=args.overrides)
+    cfg = load_config(EvalConfig, path=args.config, flags=_eval_flags(args),
+                      overrides=args.overrides)
     evaluate(cfg, args.out, progress=not args.no_progress)
 
 

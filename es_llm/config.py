@@ -163,15 +163,14 @@ def read_yaml(path: str | Path) -> dict:
 
 
 def load_config(cls: type[C], base: dict | None = None, path: str | Path | None = None,
-                overrides: list[str] | None = None) -> C:
-    """Compose ``base`` (e.g. CLI flags), then the YAML file, then overrides, into ``cls``.
-
-    Precedence, from weakest to strongest: dataclass defaults, ``base``, the file, the
-    ``key=value`` overrides.
-    """
+                overrides: list[str] | None = None, flags: dict | None = None) -> C:
+    """Compose a config from layers into ``cls``, from weakest to strongest: the dataclass
+    defaults, ``base`` (e.g. a preset), the YAML file at ``path``, ``flags`` (explicit
+    command-line options) and the ``key=value`` overrides."""
     data = _deep_copy(base or {})
     if path is not None:
         data = _merge(data, read_yaml(path))
+    data = _merge(data, flags or {})
     data = apply_overrides(data, overrides or [])
     return from_dict(cls, data)
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from es_llm.backends import BACKEND_NAMES, SamplingParams, make_backend
 from es_llm.config import dump_yaml
@@ -30,6 +31,9 @@ class SamplingConfig:
     max_tokens: int = 64
     # Seed of the sampler (same seed, same backend, same samples).
     seed: int = 0
+
+    def __post_init__(self):
+        self.params()  # validates n, temperature, top_p, max_tokens with clear messages
 
     def params(self) -> SamplingParams:
         return SamplingParams(n=self.n, temperature=self.temperature, top_p=self.top_p,
@@ -87,7 +91,11 @@ def sample_and_score(backend, task, problems: list[Problem], params: SamplingPar
     """Generate ``params.n`` samples per problem and score them; one row per sample."""
     outs = backend.generate([p.prompt for p in problems], params, progress=progress)
     pairs = [(p, c.text) for p, row in zip(problems, outs) for c in row]
-    scores = task.score_many(pairs)
+    scores = []
+    with tqdm(total=len(pairs), desc="score", unit="sample", disable=not progress) as bar:
+        for start in range(0, len(pairs), 1024):
+            scores += task.score_many(pairs[start:start + 1024])
+            bar.update(min(1024, len(pairs) - start))
     rows, it = [], iter(scores)
     for p, row in zip(problems, outs):
         for s, c in enumerate(row):

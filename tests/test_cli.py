@@ -130,3 +130,28 @@ def test_eval_on_math500_runs_the_math_verifier(ci_testbed, tmp_path, shared_dat
     rows, metrics = check_eval_folder(out, 2, 4)
     assert rows[0]["prompt"].startswith("Convert the point $(0,3)$")
     assert all(r["reward"] == 0.0 for r in rows)
+
+
+def test_missing_data_file_and_bad_sampling_values(ci_testbed, tmp_path, capsys):
+    assert main(["eval", "--model", str(ci_testbed), "--task", "countdown", "--data",
+                 str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "o")]) == 2
+    assert "missing.jsonl" in capsys.readouterr().err
+    assert main(["eval", "--model", str(ci_testbed), "--task", "countdown", "--n", "0",
+                 "--out", str(tmp_path / "o")]) == 2
+    assert "at least 1" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_testbed_cli_rejects_bad_overrides(tmp_path, capsys):
+    assert main(["testbed", "--size", "ci", "--out", str(tmp_path / "tb"), "train.stepz=3"]) == 2
+    assert "unknown config key 'train.stepz'" in capsys.readouterr().err
+
+
+def test_flags_win_over_the_config_file(ci_testbed, tmp_path):
+    cfg = tmp_path / "eval.yaml"
+    cfg.write_text(f"model: {ci_testbed}\ntask:\n  name: countdown\n  limit: 3\n"
+                   f"sampling:\n  n: 4\n  temperature: 1.0\nbackend: hf\n")
+    out = tmp_path / "eval"
+    assert main(["eval", "--config", str(cfg), "--n", "2", "--out", str(out),
+                 "--no-progress", "task.limit=2"]) == 0
+    assert len(read_jsonl(out / "samples.jsonl")) == 2 * 2

@@ -31,12 +31,14 @@ def test_round_trip_through_yaml():
     assert again == cfg
 
 
-def test_overrides_win_over_file_and_base(tmp_path):
+def test_layers_compose_in_order(tmp_path):
+    # defaults < base (preset) < file < flags < overrides
     f = tmp_path / "c.yaml"
-    f.write_text("steps: 5\ninner:\n  lr: 0.2\n")
-    cfg = load_config(Outer, base={"steps": 1, "flag": True}, path=f,
+    f.write_text("steps: 5\ninner:\n  lr: 0.2\n  name: from-file\n")
+    cfg = load_config(Outer, base={"steps": 1, "flag": True, "inner": {"tiers": [9]}}, path=f,
+                      flags={"inner": {"name": "from-flag"}},
                       overrides=["inner.lr=0.3", "inner.tiers=[1,2,3]"])
-    assert cfg == Outer(steps=5, flag=True, inner=Inner(lr=0.3, tiers=(1, 2, 3)))
+    assert cfg == Outer(steps=5, flag=True, inner=Inner(lr=0.3, tiers=(1, 2, 3), name="from-flag"))
 
 
 def test_int_is_accepted_for_float_but_not_the_reverse():

@@ -101,3 +101,23 @@ def test_ci_testbed_loads_with_auto_classes_and_solves_something(ci_testbed):
         with torch.no_grad():
             return model(input_ids=torch.tensor([ids]), labels=torch.tensor([ids])).loss.item()
     assert nll(good) < nll(bad)
+
+
+def test_out_paths_that_replacing_would_destroy_are_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("ES_LLM_CACHE", str(tmp_path / "cache"))
+    precious = tmp_path / "notes.txt"
+    precious.write_text("keep me")
+    with pytest.raises(BadInput, match="not a directory"):
+        build_testbed(tiny(), precious, progress=False, echo=lambda *_: None)
+    folder = tmp_path / "work"
+    folder.mkdir()
+    (folder / "draft.txt").write_text("keep me too")
+    with pytest.raises(BadInput, match="not a testbed build"):
+        build_testbed(tiny(), folder, progress=False, echo=lambda *_: None)
+    assert precious.read_text() == "keep me" and (folder / "draft.txt").is_file()
+    # Nothing was built for a refused request.
+    assert not (tmp_path / "cache").exists()
+    # An earlier build in the same place is replaced.
+    first, _ = build_testbed(tiny(), tmp_path / "tb", progress=False, echo=lambda *_: None)
+    again, _ = build_testbed(tiny(), tmp_path / "tb", progress=False, echo=lambda *_: None)
+    assert again == first and (again / "testbed.json").is_file()

@@ -9,8 +9,12 @@ from es_llm.errors import BadInput
 BACKEND_NAMES = ("auto", "hf", "vllm")
 
 
-def make_backend(name: str, model_path: str, max_model_len: int = 256, seed: int = 0) -> Backend:
-    """Build a backend by name; ``auto`` picks vLLM when it is installed, else transformers."""
+def make_backend(name: str, model_path: str, max_model_len: int | None = None,
+                 seed: int = 0) -> Backend:
+    """Build a backend by name; ``auto`` picks vLLM when it is installed, else transformers.
+
+    ``max_model_len`` None means the model's own context length (its config).
+    """
     if name not in BACKEND_NAMES:
         raise BadInput(f"unknown backend {name!r}; valid choices are: {', '.join(BACKEND_NAMES)}.")
     if name == "auto":

@@ -33,7 +33,7 @@ class SamplingParams:
 
     def __post_init__(self):
         if self.n < 1:
-            raise BadInput(f"sampling n must be at least 1, got {self.n}.")
+            raise BadInput(f"sampling n (samples per prompt) must be at least 1, got {self.n}.")
         if self.temperature < 0:
             raise BadInput(f"sampling temperature must be >= 0 (0 = greedy), got {self.temperature}.")
         if not 0 < self.top_p <= 1:

@@ -26,7 +26,7 @@ def vllm_available() -> bool:
 class VLLMBackend:
     name = "vllm"
 
-    def __init__(self, model_path: str, max_model_len: int = 256, dtype: str = "float32",
+    def __init__(self, model_path: str, max_model_len: int | None = None, dtype: str = "float32",
                  kv_cache_gib: int = 1, memory_utilization: float = 0.3, seed: int = 0):
         # These must be set before vllm is imported for the first time in this process.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")

@@ -15,6 +15,7 @@ import torch
 
 from es_llm.backends.base import SamplingParams
 from es_llm.config import dump_yaml, to_dict
+from es_llm.errors import BadInput
 from es_llm.io import replace_dir_atomic, write_json_atomic, write_jsonl_atomic, write_text_atomic
 from es_llm.testbed.config import TestbedConfig
 from es_llm.testbed.tokenizer import build_tokenizer
@@ -79,12 +80,25 @@ def _build_into(tmp: Path, cfg: TestbedConfig, progress: bool, echo) -> dict:
     return info
 
 
+def check_out_dir(out: Path) -> None:
+    """Refuse an --out that replacing would destroy: a file, or a folder that is neither empty
+    nor an earlier testbed build."""
+    if out.exists() and not out.is_dir():
+        raise BadInput(f"--out {str(out)!r} exists and is not a directory; give a new path or "
+                       f"an earlier testbed folder to replace.")
+    if out.is_dir() and any(out.iterdir()) and not (out / "testbed.json").is_file():
+        raise BadInput(f"--out {str(out)!r} is a non-empty folder that is not a testbed build; "
+                       f"it would be replaced, so give a new or empty path instead.")
+
+
 def build_testbed(cfg: TestbedConfig, out: str | Path | None = None, progress: bool = True,
                   echo=print) -> tuple[Path, dict]:
     """Build (or reuse from the cache) the testbed for ``cfg``; copy it to ``out`` if given.
 
     Returns the model folder and its ``testbed.json`` contents.
     """
+    if out is not None:
+        check_out_dir(Path(out))
     cached = cache_root() / f"{cfg.size}-{cfg.fingerprint()}"
     if (cached / "testbed.json").is_file():
         echo(f"testbed {cfg.size} found in cache: {cached}")
