@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 import textwrap
+from pathlib import Path
 
 from es_llm.errors import BadInput
 
@@ -71,6 +72,19 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--backend", choices=["auto", "hf", "vllm"],
                     help="generation backend; auto = vLLM when installed (default auto)")
     _add_common(ev, out_required=True)
+
+    es = sub.add_parser(
+        "es", help="Evolution Strategies over the model's weights (also under mpirun -n P)",
+        description=textwrap.dedent("""\
+            Evolve the weights of a model with ES: each iteration every member of the
+            population is the base weights plus sigma times keyed Gaussian noise, is scored
+            on the same batch of training prompts with greedy decoding, and the weights
+            move along the shaped-reward-weighted noise. Under `mpirun -n P` the ranks split
+            the population and exchange only rewards; every rank applies the same update.
+            Writes DIR/config.yaml, metrics.jsonl, ledger.jsonl and checkpoints/."""),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    es.add_argument("--model", help="base model folder (overrides the config's model)")
+    _add_common(es, out_required=True)
     return parser
 
 
@@ -110,10 +124,35 @@ def run_eval(args) -> None:
     evaluate(cfg, args.out, progress=not args.no_progress)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def run_es(args) -> None:
+    from es_llm.comm import make_communicator
+    from es_llm.config import load_config
+    from es_llm.es.config import ESRunConfig
+    from es_llm.es.engine import run
+    from es_llm.es.setup import build_edges, resolve_training_data
+
+    flags = {"model": args.model} if args.model is not None else {}
+    cfg = resolve_training_data(load_config(ESRunConfig, path=args.config, flags=flags,
+                                            overrides=args.overrides))
+    comm = make_communicator()
+    edges, problems = build_edges(cfg, comm)
     try:
-        {"testbed": run_testbed, "eval": run_eval}[args.command](args)
+        run(cfg, edges, problems, Path(args.out), progress=not args.no_progress)
+    finally:
+        edges.task.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    # key=value overrides may stand anywhere, also after options (argparse alone would stop
+    # collecting positionals at the first option that follows them).
+    args, extra = parser.parse_known_args(argv)
+    stray = [x for x in extra if x.startswith("-") or "=" not in x]
+    if stray:
+        parser.error(f"unrecognized arguments: {' '.join(stray)}")
+    args.overrides = list(args.overrides) + extra
+    try:
+        {"testbed": run_testbed, "eval": run_eval, "es": run_es}[args.command](args)
     except BadInput as exc:
         print(f"es-llm {args.command}: error: {exc}", file=sys.stderr)
         return 2

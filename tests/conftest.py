@@ -35,13 +35,13 @@ def ci_testbed() -> Path:
 
 @pytest.fixture(scope="session")
 def vllm_engine(ci_testbed):
-    """One in-process vLLM engine on the ci testbed, shared by every vLLM test."""
+    """The one in-process vLLM engine of the test session, on the ci testbed, set up for ES
+    (worker extension, no prefix caching). In-process engines share vLLM's global parallel
+    state, so tests must not start a second one or tear this one down early."""
     pytest.importorskip("vllm")
     from es_llm.backends.vllm_backend import VLLMBackend
 
-    backend = VLLMBackend(str(ci_testbed))
-    yield backend
-    backend.close()
+    return VLLMBackend(str(ci_testbed), for_es=True)
 
 
 @pytest.fixture(scope="session")

@@ -16,15 +16,17 @@ def test_mpirun_from_the_venv_runs_two_ranks(tmp_path):
     if not mpirun.exists():
         mpirun = Path(shutil.which("mpirun") or "mpirun")
     script = tmp_path / "allgather.py"
+    # Rank 0 prints what both ranks received, so the two outputs cannot interleave.
     script.write_text("from mpi4py import MPI\n"
                       "c = MPI.COMM_WORLD\n"
                       "got = c.allgather(c.Get_rank() * 10)\n"
-                      "print(c.Get_rank(), got)\n")
+                      "seen = c.gather(got)\n"
+                      "if c.Get_rank() == 0:\n"
+                      "    print(seen)\n")
     proc = subprocess.run([str(mpirun), "-n", "2", sys.executable, str(script)],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    lines = sorted(proc.stdout.strip().splitlines())
-    assert lines == ["0 [0, 10]", "1 [0, 10]"]
+    assert proc.stdout.strip() == "[[0, 10], [0, 10]]"
 
 
 def test_transformers_models_import_beside_the_cpu_torch():
@@ -35,4 +37,8 @@ def test_transformers_models_import_beside_the_cpu_torch():
 
 
 def test_evotorch_imports():
-    import evotorch  # noqa: F401
+    # In a child process: evotorch pulls in numba/llvmlite, whose wrapper objects break the
+    # kernel scan vLLM 0.32 runs when an engine starts, so it must not leak into this one.
+    proc = subprocess.run([sys.executable, "-c", "import evotorch; print(evotorch.__version__)"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr

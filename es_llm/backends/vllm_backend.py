@@ -5,6 +5,10 @@ instead of half a minute, no ``__main__`` guard is needed, and the torch model s
 reachable for in-place weight updates. On the CPU, vLLM reserves a share of the node's
 memory for its KV cache; the defaults here are small so that several engines (one per MPI
 rank) fit on one machine.
+
+Known limitation (vLLM 0.32): starting an engine in a process that has imported numba or
+llvmlite (evotorch does) fails in vLLM's kernel scan (``'_lib_fn_wrapper' object has no
+attribute 'get'``); keep evotorch out of processes that run vLLM.
 """
 
 from __future__ import annotations
@@ -27,7 +31,8 @@ class VLLMBackend:
     name = "vllm"
 
     def __init__(self, model_path: str, max_model_len: int | None = None, dtype: str = "float32",
-                 kv_cache_gib: int = 1, memory_utilization: float = 0.3, seed: int = 0):
+                 kv_cache_gib: int = 1, memory_utilization: float = 0.3, seed: int = 0,
+                 for_es: bool = False):
         # These must be set before vllm is imported for the first time in this process.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
@@ -36,9 +41,14 @@ class VLLMBackend:
         threads = torch.get_num_threads()
         from vllm import LLM
 
+        # Chunked prefill off: with seeded sampling, vLLM's CPU path rewinds a per-request
+        # generator after a partial prefill, which the CPU generator does not support.
+        es = ({"enable_prefix_caching": False,
+               "worker_extension_cls": "es_llm.backends.vllm_weights.ESWorkerExtension"}
+              if for_es else {})
         self.llm = LLM(model=model_path, dtype=dtype, enforce_eager=True,
                        max_model_len=max_model_len, gpu_memory_utilization=memory_utilization,
-                       seed=seed, enable_chunked_prefill=False)
+                       seed=seed, enable_chunked_prefill=False, **es)
         # vLLM drops torch to one thread per engine; restore it for work done beside it.
         torch.set_num_threads(threads)
         self.tokenizer = self.llm.get_tokenizer()

@@ -1,0 +1,35 @@
+"""How ES ranks talk: a tiny communicator protocol with a serial and an MPI implementation.
+
+Only small Python objects cross it (seeds, reward vectors, checksums); the maths never
+imports MPI, it is handed a communicator.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+
+class Communicator(Protocol):
+    rank: int
+    size: int
+
+    def allgather(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj``, in rank order, on every rank."""
+
+    def barrier(self) -> None:
+        ...
+
+    def abort(self, message: str, code: int = 1) -> None:
+        """Stop every rank of the job."""
+
+
+def make_communicator() -> Communicator:
+    """MPI when this process was started by mpirun with more than one rank, else serial."""
+    from es_llm.comm.mpi import launched_by_mpi
+    if launched_by_mpi():
+        from es_llm.comm.mpi import MPIComm
+        comm = MPIComm()
+        if comm.size > 1:
+            return comm
+    from es_llm.comm.serial import SerialComm
+    return SerialComm()

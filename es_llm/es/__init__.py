@@ -1,0 +1,1 @@
+"""The ES engine: population evaluation of perturbed LLM weights, seeds-only communication."""

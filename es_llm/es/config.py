@@ -1,0 +1,82 @@
+"""The ES run's config: what evolves, how the population is shaped and stepped, on what."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from es_llm.errors import BadInput
+from es_llm.es.weights import PARAMETER_FILTERS
+from es_llm.tasks import TaskConfig
+
+
+@dataclass(frozen=True)
+class ESSettings:
+    # Population size N (members per iteration); even when antithetic.
+    population: int = 30
+    # Noise scale: a member's weights are master + sigma * eps.
+    sigma: float = 1e-3
+    # Step size alpha of the update (the 1/sigma of the textbook estimator is folded in,
+    # as in Qiu et al. 2025: theta += alpha / N * sum_n z_n eps_n).
+    lr: float = 5e-4
+    # Mirrored pairs (eps, -eps) share one noise draw.
+    antithetic: bool = False
+    # Fitness shaping: zscore, centered_rank, group_zscore or raw.
+    shaping: str = "zscore"
+    # Optimizer on the estimate: sgd or adam.
+    optimizer: str = "sgd"
+    # Weight decay toward the initial weights (0 = off).
+    anchor_decay: float = 0.0
+    # Which parameters evolve: all, matrices (ndim >= 2) or regex (names matching param_pattern).
+    params: str = "all"
+    param_pattern: str = ""
+
+    def __post_init__(self):
+        if self.population < 2:
+            raise BadInput(f"es.population must be at least 2, got {self.population}.")
+        if self.antithetic and self.population % 2:
+            raise BadInput(f"es.population must be even with es.antithetic=true (members come "
+                           f"in mirrored pairs), got {self.population}.")
+        if not self.sigma > 0:
+            raise BadInput(f"es.sigma must be > 0, got {self.sigma}.")
+        if not self.lr > 0:
+            raise BadInput(f"es.lr must be > 0, got {self.lr}.")
+        from populations.optimizers import optimizer_names
+        from populations.shaping import shaping_names
+        if self.shaping not in shaping_names():
+            raise BadInput(f"unknown es.shaping {self.shaping!r}; valid choices are: "
+                           f"{', '.join(shaping_names())}.")
+        if self.optimizer not in optimizer_names():
+            raise BadInput(f"unknown es.optimizer {self.optimizer!r}; valid choices are: "
+                           f"{', '.join(optimizer_names())}.")
+        if self.params not in PARAMETER_FILTERS:
+            raise BadInput(f"unknown es.params filter {self.params!r}; valid filters are: "
+                           f"{', '.join(PARAMETER_FILTERS)}.")
+
+
+@dataclass(frozen=True)
+class ESRunConfig:
+    # The base model: a Hugging Face folder (e.g. from `es-llm testbed`).
+    model: str = ""
+    # Training prompts; a testbed model brings data/<task>_rl.jsonl, used when data is null.
+    task: TaskConfig = field(default_factory=TaskConfig)
+    es: ESSettings = field(default_factory=ESSettings)
+    iterations: int = 100
+    # Prompts per iteration; every member is scored on the same batch (greedy decoding).
+    prompts_per_iteration: int = 64
+    max_tokens: int = 64
+    # The run seed: noise keys, prompt batches.
+    seed: int = 0
+    # Save a checkpoint every this many iterations (and at the end).
+    checkpoint_every: int = 20
+    # Compare a checksum of the weights across ranks every this many iterations.
+    checksum_every: int = 5
+    # Generation backend of the population: auto (vLLM when installed), hf or vllm.
+    backend: str = "auto"
+
+    def __post_init__(self):
+        if self.backend not in ("auto", "hf", "vllm"):
+            raise BadInput(f"unknown backend {self.backend!r}; valid choices are: auto, hf, vllm.")
+        for name in ("iterations", "prompts_per_iteration", "max_tokens", "checkpoint_every",
+                     "checksum_every"):
+            if getattr(self, name) < 1:
+                raise BadInput(f"{name} must be at least 1, got {getattr(self, name)}.")

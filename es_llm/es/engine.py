@@ -1,0 +1,157 @@
+"""The ES loop: every rank evaluates its share of the population on the same prompts,
+only rewards cross the wire, and every rank applies the identical update itself.
+
+``step`` is one iteration; ``run`` is the whole job. The model-free maths (keyed noise,
+shaping, the estimate, the optimizer) live in ``populations``.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from es_llm.backends.base import SamplingParams
+from es_llm.config import dump_yaml
+from es_llm.es.config import ESRunConfig
+from es_llm.es.weights import ModuleWeights
+from es_llm.io import write_text_atomic
+from es_llm.tasks import Problem
+from populations import es as pes
+from populations.optimizers import OptimizerConfig
+
+
+@dataclass
+class Edges:
+    """What the loop is handed: the communicator, the model, its weights and its sampler."""
+
+    comm: object
+    model: torch.nn.Module
+    tokenizer: object
+    weights: ModuleWeights
+    backend: object
+    task: object
+
+
+def prompt_batch(problems: list[Problem], cfg: ESRunConfig, iteration: int) -> list[Problem]:
+    """The iteration's prompts: a seeded sample without replacement, the same on every rank."""
+    rng = random.Random(f"{cfg.seed}:batch:{iteration}")
+    k = min(cfg.prompts_per_iteration, len(problems))
+    return rng.sample(problems, k)
+
+
+def es_config(cfg: ESRunConfig) -> pes.ESConfig:
+    """The model-free ES settings of a run."""
+    e = cfg.es
+    return pes.ESConfig(population=e.population, sigma=e.sigma, antithetic=e.antithetic,
+                        shaping=e.shaping, run_seed=cfg.seed,
+                        optimizer=OptimizerConfig(name=e.optimizer, lr=e.lr,
+                                                  anchor_decay=e.anchor_decay))
+
+
+def evaluate_members(edges: Edges, es_cfg: pes.ESConfig, state: pes.ESState, members,
+                     batch: list[Problem], cfg: ESRunConfig) -> dict[int, list[float]]:
+    """Rewards per prompt for the members this rank owns (member n goes to rank n % size)."""
+    params = SamplingParams(n=1, temperature=0.0, max_tokens=cfg.max_tokens, seed=cfg.seed)
+    prompts = [p.prompt for p in batch]
+    eps_for = pes.noise_for(es_cfg, state)
+    out = {}
+    for n in range(edges.comm.rank, len(members), edges.comm.size):
+        m = members[n]
+        edges.weights.perturb(lambda name, shape: m.sign * eps_for(m.direction, name, shape),
+                              cfg.es.sigma)
+        try:
+            completions = edges.backend.generate(prompts, params)
+        finally:
+            edges.weights.restore()
+        scores = edges.task.score_many([(p, c[0].text) for p, c in zip(batch, completions)])
+        out[n] = [s.reward for s in scores]
+    return out
+
+
+def step(edges: Edges, es_cfg: pes.ESConfig, state: pes.ESState, problems: list[Problem],
+         cfg: ESRunConfig):
+    """One ES iteration; returns the new state, the metrics and the ledger entry."""
+    t0 = time.perf_counter()
+    iteration = state.iteration
+    members = pes.ask(es_cfg, state)
+    batch = prompt_batch(problems, cfg, iteration)
+    mine = evaluate_members(edges, es_cfg, state, members, batch, cfg)
+    t_eval = time.perf_counter() - t0
+    # The only communication of an iteration: each rank's {member: rewards per prompt}.
+    gathered: dict[int, list[float]] = {}
+    for part in edges.comm.allgather(mine):
+        gathered.update(part)
+    rewards_N_P = torch.tensor([gathered[n] for n in range(len(members))], dtype=torch.float64)
+    state, es_metrics = pes.tell(es_cfg, state, rewards_N_P)
+    edges.weights.set_master(state.params)
+    metrics = {f"es/{k}": v for k, v in es_metrics.items()}
+    metrics.update({"perf/iter_s": time.perf_counter() - t0, "perf/eval_s": t_eval})
+    ledger = {"iteration": iteration, "run_seed": cfg.seed,
+              "members": [[m.direction, m.sign] for m in members],
+              "prompt_ids": [p.id for p in batch],
+              "rewards_N": rewards_N_P.mean(dim=1).tolist()}
+    return state, metrics, ledger
+
+
+def save_checkpoint(edges: Edges, cfg: ESRunConfig, folder: Path) -> None:
+    """An HF folder of the current (unperturbed) weights, loadable by transformers and vLLM;
+    a testbed base model's held-out data travels with it so `es-llm eval` finds it."""
+    tmp = folder.with_name(f".{folder.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    edges.model.save_pretrained(tmp, safe_serialization=True)
+    edges.tokenizer.save_pretrained(tmp)
+    data = Path(cfg.model) / "data"
+    if data.is_dir():
+        shutil.copytree(data, tmp / "data")
+    shutil.rmtree(folder, ignore_errors=True)
+    tmp.rename(folder)
+
+
+def check_ranks_agree(edges: Edges, iteration: int) -> None:
+    """Seeds-only ES relies on every rank computing the same update; verify it."""
+    sums = edges.comm.allgather(edges.weights.checksum())
+    if len(set(sums)) > 1:
+        bad = [r for r, s in enumerate(sums) if s != sums[0]]
+        edges.comm.abort(f"ES ranks diverged at iteration {iteration}: weight checksums differ "
+                         f"between rank 0 and rank(s) {bad}; the run cannot continue.")
+
+
+def run(cfg: ESRunConfig, edges: Edges, problems: list[Problem], out: Path,
+        progress: bool = True, echo=print):
+    """Run ``cfg.iterations`` ES iterations; rank 0 writes the run folder."""
+    lead = edges.comm.rank == 0
+    es_cfg = es_config(cfg)
+    state = pes.init(es_cfg, edges.weights.master)
+    if lead:
+        out.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(out / "config.yaml", dump_yaml(cfg))
+        metrics_f = open(out / "metrics.jsonl", "w")
+        ledger_f = open(out / "ledger.jsonl", "w")
+    bar = tqdm(range(cfg.iterations), desc="es", unit="iter", disable=not (progress and lead))
+    for it in bar:
+        state, metrics, ledger = step(edges, es_cfg, state, problems, cfg)
+        if (it + 1) % cfg.checksum_every == 0 or it + 1 == cfg.iterations:
+            check_ranks_agree(edges, it)
+        if lead:
+            metrics_f.write(json.dumps({"step": it, **metrics}) + "\n")
+            metrics_f.flush()
+            ledger_f.write(json.dumps(ledger) + "\n")
+            ledger_f.flush()
+            bar.write(f"iter {it:4d}  reward {metrics['es/reward_mean']:.4f} "
+                      f"(max {metrics['es/reward_max']:.4f})  update {metrics['es/update_norm']:.3e}"
+                      f"  {metrics['perf/iter_s']:.1f} s")
+            if (it + 1) % cfg.checkpoint_every == 0 and it + 1 < cfg.iterations:
+                save_checkpoint(edges, cfg, out / "checkpoints" / f"step_{it + 1}")
+    if lead:
+        save_checkpoint(edges, cfg, out / "checkpoints" / "final")
+        metrics_f.close()
+        ledger_f.close()
+    edges.comm.barrier()
+    return state

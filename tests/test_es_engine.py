@@ -1,0 +1,142 @@
+"""The ES engine on the ci testbed: exact perturb/restore, seeds-only MPI giving the same
+weights as one process, the run folder, and bad input."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from es_llm.cli import main
+from es_llm.errors import BadInput
+from es_llm.es.weights import ModuleWeights, select_parameters
+from es_llm.io import read_jsonl
+
+ROOT = Path(__file__).resolve().parents[1]
+CI_CONFIG = ROOT / "configs" / "es_countdown_ci.yaml"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_perturb_then_restore_is_bitwise_exact(ci_testbed, dtype):
+    model = AutoModelForCausalLM.from_pretrained(ci_testbed, dtype=dtype)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    w = ModuleWeights(model, select_parameters(model, "all"))
+    g = torch.Generator().manual_seed(0)
+    w.perturb(lambda name, shape: torch.randn(shape, generator=g), 1e-3)
+    moved = sum(not torch.equal(before[n], p) for n, p in model.named_parameters())
+    assert moved > 0
+    w.restore()
+    for n, p in model.named_parameters():
+        assert torch.equal(before[n], p), n
+
+
+def test_parameter_filters(ci_testbed):
+    model = AutoModelForCausalLM.from_pretrained(ci_testbed)
+    everything = select_parameters(model, "all")
+    matrices = select_parameters(model, "matrices")
+    assert set(matrices) < set(everything)
+    assert all(dict(model.named_parameters())[n].ndim >= 2 for n in matrices)
+    assert select_parameters(model, "regex", r"layers\.1\.") == \
+        [n for n in everything if "layers.1." in n]
+    with pytest.raises(BadInput, match="valid filters are: all, matrices, regex"):
+        select_parameters(model, "some")
+    with pytest.raises(BadInput, match="selects no parameters"):
+        select_parameters(model, "regex", "nothing-matches-this")
+
+
+def es_cli(*args) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, "-m", "es_llm", "es", *args], capture_output=True,
+                          text=True, env=env, timeout=600)
+
+
+def test_serial_run_writes_the_run_folder(ci_testbed, tmp_path):
+    out = tmp_path / "run"
+    code = main(["es", "--config", str(CI_CONFIG), "--out", str(out), "--no-progress",
+                 f"model={ci_testbed}"])
+    assert code == 0
+    cfg = (out / "config.yaml").read_text()
+    assert "population: 8" in cfg
+    metrics = read_jsonl(out / "metrics.jsonl")
+    ledger = read_jsonl(out / "ledger.jsonl")
+    assert [m["step"] for m in metrics] == [0, 1, 2, 3]
+    assert {"es/reward_mean", "es/update_norm", "perf/iter_s"} <= set(metrics[0])
+    assert len(ledger[0]["members"]) == 8 and len(ledger[0]["rewards_N"]) == 8
+    # The logged reward mean is the mean of the ledger's member rewards.
+    assert metrics[0]["es/reward_mean"] == pytest.approx(sum(ledger[0]["rewards_N"]) / 8)
+    for ckpt in ("step_2", "final"):
+        model = AutoModelForCausalLM.from_pretrained(out / "checkpoints" / ckpt)
+        assert model.config.model_type == "llama"
+    # A checkpoint carries the testbed's held-out sets, so `es-llm eval` uses them.
+    assert (out / "checkpoints" / "final" / "data" / "countdown_eval.jsonl").is_file()
+    # The update moved the weights whenever rewards differed between members.
+    base = AutoModelForCausalLM.from_pretrained(ci_testbed).state_dict()
+    final = AutoModelForCausalLM.from_pretrained(out / "checkpoints" / "final").state_dict()
+    assert any(not torch.equal(base[k], final[k]) for k in base)
+
+
+def mpi_es(ci_testbed, out, *extra) -> subprocess.CompletedProcess:
+    mpirun = shutil.which("mpirun", path=str(Path(sys.executable).parent)) or "mpirun"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run([mpirun, "-n", "2", sys.executable, "-m", "es_llm", "es",
+                           "--config", str(CI_CONFIG), "--out", str(out), "--no-progress",
+                           f"model={ci_testbed}", *extra],
+                          capture_output=True, text=True, env=env, timeout=600)
+
+
+def final_weights(out: Path) -> bytes:
+    return (out / "checkpoints" / "final" / "model.safetensors").read_bytes()
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_mpirun_two_ranks_gives_bitwise_the_serial_weights(ci_testbed, tmp_path):
+    serial = es_cli("--config", str(CI_CONFIG), "--out", str(tmp_path / "one"),
+                    "--no-progress", f"model={ci_testbed}", "backend=hf")
+    assert serial.returncode == 0, serial.stderr[-3000:]
+    two = mpi_es(ci_testbed, tmp_path / "two", "backend=hf")
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert final_weights(tmp_path / "one") == final_weights(tmp_path / "two")
+    assert read_jsonl(tmp_path / "one" / "ledger.jsonl") == read_jsonl(tmp_path / "two" / "ledger.jsonl")
+    assert len(read_jsonl(tmp_path / "two" / "metrics.jsonl")) == 4
+
+
+@pytest.mark.mpi
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_mpirun_with_vllm_engines_gives_bitwise_the_serial_hf_weights(ci_testbed, tmp_path):
+    # Same keyed noise placed into vLLM's fused layout, same greedy completions, so the
+    # same rewards and bitwise the same update as one process on transformers.
+    serial = es_cli("--config", str(CI_CONFIG), "--out", str(tmp_path / "hf"),
+                    "--no-progress", f"model={ci_testbed}", "backend=hf")
+    assert serial.returncode == 0, serial.stderr[-3000:]
+    two = mpi_es(ci_testbed, tmp_path / "vllm", "backend=vllm")
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert read_jsonl(tmp_path / "hf" / "ledger.jsonl") == read_jsonl(tmp_path / "vllm" / "ledger.jsonl")
+    assert final_weights(tmp_path / "hf") == final_weights(tmp_path / "vllm")
+
+
+@pytest.mark.parametrize("override, message", [
+    ("es.sigma=0", "es.sigma must be > 0"),
+    ("es.population=7 es.antithetic=true", "must be even"),
+    ("es.params=some", "unknown es.params filter 'some'"),
+    ("es.shaping=best", "unknown es.shaping 'best'"),
+])
+def test_es_bad_input_exits_2(ci_testbed, tmp_path, capsys, override, message):
+    code = main(["es", "--config", str(CI_CONFIG), "--out", str(tmp_path / "never"),
+                 f"model={ci_testbed}", *override.split()])
+    assert code == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "never").exists()
+
+
+def test_es_missing_model_exits_2(tmp_path, capsys):
+    assert main(["es", "--config", str(CI_CONFIG), "--out", str(tmp_path / "o"),
+                 f"model={tmp_path / 'missing'}"]) == 2
+    assert "not a Hugging Face model folder" in capsys.readouterr().err
