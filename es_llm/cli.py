@@ -84,7 +84,11 @@ def build_parser() -> argparse.ArgumentParser:
             Writes DIR/config.yaml, metrics.jsonl, ledger.jsonl and checkpoints/."""),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     es.add_argument("--model", help="base model folder (overrides the config's model)")
-    _add_common(es, out_required=True)
+    es.add_argument("--resume", metavar="DIR",
+                    help="continue the run in DIR: its config.yaml is reloaded (overrides "
+                         "such as iterations=N still apply), its ledger is replayed from the "
+                         "base model to rebuild the weights exactly, and it goes on from there")
+    _add_common(es, out_required=False)
     return parser
 
 
@@ -132,12 +136,25 @@ def run_es(args) -> None:
     from es_llm.es.setup import build_edges, resolve_training_data
 
     flags = {"model": args.model} if args.model is not None else {}
-    cfg = resolve_training_data(load_config(ESRunConfig, path=args.config, flags=flags,
+    if args.resume:
+        out = Path(args.resume)
+        if not (out / "config.yaml").is_file() or not (out / "ledger.jsonl").is_file():
+            raise BadInput(f"--resume {args.resume!r} is not an ES run folder (it needs the "
+                           f"config.yaml and ledger.jsonl that `es-llm es` writes).")
+        if args.out and Path(args.out).resolve() != out.resolve():
+            raise BadInput("--resume continues a run in its own folder; drop --out or give "
+                           "the same folder.")
+        config_path = out / "config.yaml"
+    else:
+        if not args.out:
+            raise BadInput("es needs --out DIR (a new run) or --resume DIR (continue one).")
+        out, config_path = Path(args.out), args.config
+    cfg = resolve_training_data(load_config(ESRunConfig, path=config_path, flags=flags,
                                             overrides=args.overrides))
     comm = make_communicator()
     edges, problems = build_edges(cfg, comm)
     try:
-        run(cfg, edges, problems, Path(args.out), progress=not args.no_progress)
+        run(cfg, edges, problems, out, progress=not args.no_progress, resume=bool(args.resume))
     finally:
         edges.task.close()
 

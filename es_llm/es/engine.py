@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 
 from es_llm.backends.base import SamplingParams
 from es_llm.config import dump_yaml
+from es_llm.errors import BadInput
 from es_llm.es.config import ESRunConfig
 from es_llm.es.weights import ModuleWeights
 from es_llm.io import write_text_atomic
@@ -96,7 +97,10 @@ def step(edges: Edges, es_cfg: pes.ESConfig, state: pes.ESState, problems: list[
     ledger = {"iteration": iteration, "run_seed": cfg.seed,
               "members": [[m.direction, m.sign] for m in members],
               "prompt_ids": [p.id for p in batch],
-              "rewards_N": rewards_N_P.mean(dim=1).tolist()}
+              "rewards_N": rewards_N_P.mean(dim=1).tolist(),
+              # Per-prompt rewards: what `tell` saw, so a replay (resume) is exact for every
+              # shaping, including per-prompt group z-scores.
+              "rewards_N_P": rewards_N_P.tolist()}
     return state, metrics, ledger
 
 
@@ -123,18 +127,75 @@ def check_ranks_agree(edges: Edges, iteration: int) -> None:
                          f"between rank 0 and rank(s) {bad}; the run cannot continue.")
 
 
+def read_ledger(out: Path) -> list[dict]:
+    """The complete entries of a run's ledger, in order; a line cut short by a killed
+    process is dropped (it is the iteration that did not finish)."""
+    entries = []
+    path = out / "ledger.jsonl"
+    if not path.is_file():
+        return entries
+    for line in path.read_text().splitlines():
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:
+            break
+        if entry.get("iteration") != len(entries):
+            raise BadInput(f"{path} is not a consistent ES ledger: entry {len(entries)} has "
+                           f"iteration {entry.get('iteration')!r}.")
+        entries.append(entry)
+    return entries
+
+
+def replay(es_cfg: pes.ESConfig, state: pes.ESState, entries: list[dict]) -> pes.ESState:
+    """Rebuild the state after ``entries`` from the base state: the same keyed noise and the
+    same rewards make ``tell`` give bitwise the same weights (and optimizer state)."""
+    for entry in entries:
+        rewards_N_P = torch.tensor(entry["rewards_N_P"], dtype=torch.float64)
+        state, _ = pes.tell(es_cfg, state, rewards_N_P)
+    return state
+
+
+def _open_logs(out: Path, start: int):
+    """Open metrics and ledger for appending after iteration ``start``, first rewriting
+    both (atomically) without anything a killed run left beyond it."""
+    metrics = [m for m in (json.loads(x) for x in _complete_lines(out / "metrics.jsonl"))
+               if m.get("step", start) < start]
+    ledger = [json.loads(x) for x in _complete_lines(out / "ledger.jsonl")][:start]
+    write_text_atomic(out / "metrics.jsonl", "".join(json.dumps(m) + "\n" for m in metrics))
+    write_text_atomic(out / "ledger.jsonl", "".join(json.dumps(e) + "\n" for e in ledger))
+    return open(out / "metrics.jsonl", "a"), open(out / "ledger.jsonl", "a")
+
+
+def _complete_lines(path: Path) -> list[str]:
+    if not path.is_file():
+        return []
+    lines = []
+    for line in path.read_text().splitlines():
+        try:
+            json.loads(line)
+        except json.JSONDecodeError:
+            break
+        lines.append(line)
+    return lines
+
+
 def run(cfg: ESRunConfig, edges: Edges, problems: list[Problem], out: Path,
-        progress: bool = True, echo=print):
-    """Run ``cfg.iterations`` ES iterations; rank 0 writes the run folder."""
+        progress: bool = True, resume: bool = False):
+    """Run ES up to ``cfg.iterations``; rank 0 writes the run folder. With ``resume`` the
+    ledger in ``out`` is replayed first and the run continues after its last iteration."""
     lead = edges.comm.rank == 0
     es_cfg = es_config(cfg)
     state = pes.init(es_cfg, edges.weights.master)
+    if resume:
+        state = replay(es_cfg, state, read_ledger(out))
+        edges.weights.set_master(state.params)
+    edges.comm.barrier()  # every rank has read the ledger before rank 0 rewrites it
     if lead:
         out.mkdir(parents=True, exist_ok=True)
         write_text_atomic(out / "config.yaml", dump_yaml(cfg))
-        metrics_f = open(out / "metrics.jsonl", "w")
-        ledger_f = open(out / "ledger.jsonl", "w")
-    bar = tqdm(range(cfg.iterations), desc="es", unit="iter", disable=not (progress and lead))
+        metrics_f, ledger_f = _open_logs(out, state.iteration)
+    bar = tqdm(range(state.iteration, cfg.iterations), desc="es", unit="iter",
+               disable=not (progress and lead), initial=state.iteration, total=cfg.iterations)
     for it in bar:
         state, metrics, ledger = step(edges, es_cfg, state, problems, cfg)
         if (it + 1) % cfg.checksum_every == 0 or it + 1 == cfg.iterations:
