@@ -152,6 +152,13 @@ def run_es(args) -> None:
     cfg = resolve_training_data(load_config(ESRunConfig, path=config_path, flags=flags,
                                             overrides=args.overrides))
     comm = make_communicator()
+    if comm.size > 1:
+        # If a rank dies, mpirun ends the job and names only the dead process's PID; this
+        # line maps that PID to its rank.
+        import os
+        import socket
+        print(f"es-llm: rank {comm.rank}/{comm.size} is pid {os.getpid()} on "
+              f"{socket.gethostname()}", file=sys.stderr, flush=True)
     edges, problems = build_edges(cfg, comm)
     try:
         run(cfg, edges, problems, out, progress=not args.no_progress, resume=bool(args.resume))

@@ -187,3 +187,30 @@ def test_resume_after_sigkill_mid_iteration(ci_testbed, tmp_path):
 def test_resume_on_a_folder_that_is_not_a_run(tmp_path, capsys):
     assert main(["es", "--resume", str(tmp_path)]) == 2
     assert "is not an ES run folder" in capsys.readouterr().err
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_a_dead_rank_ends_the_job_in_bounded_time_naming_the_rank(ci_testbed, tmp_path):
+    import re
+    import time
+
+    # Rank 1 kills itself with SIGKILL a few seconds into a long run.
+    wrapper = tmp_path / "die.py"
+    wrapper.write_text("import os, signal, sys, threading\n"
+                       "from es_llm.cli import main\n"
+                       "if os.environ.get('PMI_RANK') == '1':\n"
+                       "    threading.Timer(6.0, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()\n"
+                       "sys.exit(main(sys.argv[1:]))\n")
+    mpirun = shutil.which("mpirun", path=str(Path(sys.executable).parent)) or "mpirun"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    t0 = time.time()
+    proc = subprocess.run([mpirun, "-n", "2", sys.executable, str(wrapper), "es", "--config",
+                           str(CI_CONFIG), "--out", str(tmp_path / "run"), "--no-progress",
+                           f"model={ci_testbed}", "backend=hf", "iterations=1000"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert time.time() - t0 < 240  # ended by itself, long before 1000 iterations
+    assert proc.returncode != 0
+    text = proc.stdout + proc.stderr
+    pid = re.search(r"rank 1/2 is pid (\d+)", text).group(1)
+    assert re.search(rf"PID {pid}\b", text), text[-2000:]
