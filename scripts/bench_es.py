@@ -83,7 +83,7 @@ def in_process(cfg: ESRunConfig, repeats: int) -> dict:
     }
 
 
-def iteration_times(model: str, cfg_args: list[str], ranks: int, threads_note: str) -> float:
+def iteration_times(model: str, cfg_args: list[str], ranks: int) -> float:
     out = Path(tempfile.mkdtemp(prefix="bench-es-"))
     cmd = [sys.executable, "-m", "es_llm", "es", "--out", str(out / "run"), "--no-progress",
            f"model={model}", *cfg_args]
@@ -111,8 +111,8 @@ def main() -> None:
     es_args = [f"backend={args.backend}", f"iterations={args.iterations}",
                f"es.population={args.population}", f"prompts_per_iteration={args.prompts}",
                "es.sigma=0.01", "es.lr=0.005", "checkpoint_every=1000"]
-    one = iteration_times(str(path), es_args, 1, "all cores")
-    two = iteration_times(str(path), es_args, 2, "one core per rank")
+    one = iteration_times(str(path), es_args, 1)  # one process uses both cores
+    two = iteration_times(str(path), es_args, 2)  # one core per rank
     cfg = resolve_training_data(ESRunConfig(
         model=str(path), task=TaskConfig(name="countdown"), backend=args.backend,
         prompts_per_iteration=args.prompts,

@@ -94,32 +94,28 @@ def final_weights(out: Path) -> bytes:
     return (out / "checkpoints" / "final" / "model.safetensors").read_bytes()
 
 
+@pytest.fixture(scope="module")
+def serial_hf_run(ci_testbed, tmp_path_factory) -> Path:
+    """The reference every multi-rank run must reproduce: one process on transformers."""
+    out = tmp_path_factory.mktemp("serial") / "run"
+    serial = es_cli("--config", str(CI_CONFIG), "--out", str(out), "--no-progress",
+                    f"model={ci_testbed}", "backend=hf")
+    assert serial.returncode == 0, serial.stderr[-3000:]
+    return out
+
+
 @pytest.mark.mpi
 @pytest.mark.slow
-def test_mpirun_two_ranks_gives_bitwise_the_serial_weights(ci_testbed, tmp_path):
-    serial = es_cli("--config", str(CI_CONFIG), "--out", str(tmp_path / "one"),
-                    "--no-progress", f"model={ci_testbed}", "backend=hf")
-    assert serial.returncode == 0, serial.stderr[-3000:]
-    two = mpi_es(ci_testbed, tmp_path / "two", "backend=hf")
+@pytest.mark.parametrize("backend", ["hf", pytest.param("vllm", marks=pytest.mark.vllm)])
+def test_mpirun_two_ranks_gives_bitwise_the_serial_weights(ci_testbed, tmp_path, serial_hf_run,
+                                                           backend):
+    # With vLLM the same keyed noise is placed into its fused layout, the greedy
+    # completions are the same, so the rewards and the update are bitwise the same too.
+    two = mpi_es(ci_testbed, tmp_path / "two", f"backend={backend}")
     assert two.returncode == 0, two.stderr[-3000:]
-    assert final_weights(tmp_path / "one") == final_weights(tmp_path / "two")
-    assert read_jsonl(tmp_path / "one" / "ledger.jsonl") == read_jsonl(tmp_path / "two" / "ledger.jsonl")
+    assert read_jsonl(serial_hf_run / "ledger.jsonl") == read_jsonl(tmp_path / "two" / "ledger.jsonl")
+    assert final_weights(serial_hf_run) == final_weights(tmp_path / "two")
     assert len(read_jsonl(tmp_path / "two" / "metrics.jsonl")) == 4
-
-
-@pytest.mark.mpi
-@pytest.mark.vllm
-@pytest.mark.slow
-def test_mpirun_with_vllm_engines_gives_bitwise_the_serial_hf_weights(ci_testbed, tmp_path):
-    # Same keyed noise placed into vLLM's fused layout, same greedy completions, so the
-    # same rewards and bitwise the same update as one process on transformers.
-    serial = es_cli("--config", str(CI_CONFIG), "--out", str(tmp_path / "hf"),
-                    "--no-progress", f"model={ci_testbed}", "backend=hf")
-    assert serial.returncode == 0, serial.stderr[-3000:]
-    two = mpi_es(ci_testbed, tmp_path / "vllm", "backend=vllm")
-    assert two.returncode == 0, two.stderr[-3000:]
-    assert read_jsonl(tmp_path / "hf" / "ledger.jsonl") == read_jsonl(tmp_path / "vllm" / "ledger.jsonl")
-    assert final_weights(tmp_path / "hf") == final_weights(tmp_path / "vllm")
 
 
 @pytest.mark.parametrize("override, message", [

