@@ -89,7 +89,20 @@ def build_parser() -> argparse.ArgumentParser:
                          "such as iterations=N still apply), its ledger is replayed from the "
                          "base model to rebuild the weights exactly, and it goes on from there")
     _add_common(es, out_required=False)
+    for command in plugin_commands().values():
+        command.add_parser(sub, _add_common)
     return parser
+
+
+def plugin_commands() -> dict:
+    """Subcommands that other installed packages register under the ``es_llm.commands`` entry
+    point group (the gradient baselines register ``grpo``). The core discovers them at run
+    time instead of importing them, so it never depends on the packages built on top of it.
+    Each entry point names an object with ``add_parser(subparsers, add_common)`` and
+    ``run(args)``."""
+    from importlib.metadata import entry_points
+
+    return {ep.name: ep.load() for ep in entry_points(group="es_llm.commands")}
 
 
 def _eval_flags(args) -> dict:
@@ -128,6 +141,24 @@ def run_eval(args) -> None:
     evaluate(cfg, args.out, progress=not args.no_progress)
 
 
+def run_folder(args, what: str, command: str, needs: tuple[str, ...]) -> tuple[Path, object]:
+    """``(output folder, config file)`` of a training command: a new run in ``--out`` with
+    ``--config``, or the run in ``--resume DIR`` (which must hold the files ``needs``) with
+    its own resolved config.yaml."""
+    if args.resume:
+        out = Path(args.resume)
+        if not all((out / name).is_file() for name in needs):
+            raise BadInput(f"--resume {args.resume!r} is not {what} run folder (it needs the "
+                           f"{' and '.join(needs)} that `es-llm {command}` writes).")
+        if args.out and Path(args.out).resolve() != out.resolve():
+            raise BadInput("--resume continues a run in its own folder; drop --out or give "
+                           "the same folder.")
+        return out, out / "config.yaml"
+    if not args.out:
+        raise BadInput(f"{command} needs --out DIR (a new run) or --resume DIR (continue one).")
+    return Path(args.out), args.config
+
+
 def run_es(args) -> None:
     from es_llm.comm import make_communicator
     from es_llm.config import load_config
@@ -136,19 +167,7 @@ def run_es(args) -> None:
     from es_llm.es.setup import build_edges, resolve_training_data
 
     flags = {"model": args.model} if args.model is not None else {}
-    if args.resume:
-        out = Path(args.resume)
-        if not (out / "config.yaml").is_file() or not (out / "ledger.jsonl").is_file():
-            raise BadInput(f"--resume {args.resume!r} is not an ES run folder (it needs the "
-                           f"config.yaml and ledger.jsonl that `es-llm es` writes).")
-        if args.out and Path(args.out).resolve() != out.resolve():
-            raise BadInput("--resume continues a run in its own folder; drop --out or give "
-                           "the same folder.")
-        config_path = out / "config.yaml"
-    else:
-        if not args.out:
-            raise BadInput("es needs --out DIR (a new run) or --resume DIR (continue one).")
-        out, config_path = Path(args.out), args.config
+    out, config_path = run_folder(args, "an ES", "es", ("config.yaml", "ledger.jsonl"))
     cfg = resolve_training_data(load_config(ESRunConfig, path=config_path, flags=flags,
                                             overrides=args.overrides))
     comm = make_communicator()
@@ -176,7 +195,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(stray)}")
     args.overrides = list(args.overrides) + extra
     try:
-        {"testbed": run_testbed, "eval": run_eval, "es": run_es}[args.command](args)
+        commands = {"testbed": run_testbed, "eval": run_eval, "es": run_es}
+        commands.update({name: c.run for name, c in plugin_commands().items()})
+        commands[args.command](args)
     except BadInput as exc:
         print(f"es-llm {args.command}: error: {exc}", file=sys.stderr)
         return 2

@@ -9,6 +9,7 @@ with status 2 before anything is written.
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from pathlib import Path
@@ -59,6 +60,9 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             raise BadInput(f"config key '{key}' must be a mapping, got {value!r}.")
         return dict(value)
     if tp is float:
+        if isinstance(value, str) and re.fullmatch(r"\s*[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+\s*", value):
+            # YAML 1.1 reads 1e-3 (no dot) as a string; it is plainly meant as a number.
+            return float(value)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise BadInput(f"config key '{key}' must be a number, got {value!r}.")
         return float(value)

@@ -86,6 +86,16 @@ def resolve_task_config(cfg: EvalConfig) -> EvalConfig:
     return cfg
 
 
+def resolve_training_data(cfg):
+    """A training config (any with ``model`` and ``task``) on a testbed model uses the model's
+    held-out training prompts, ``data/<task>_rl.jsonl``, when it names no data file."""
+    if cfg.task.data is None:
+        rl = Path(cfg.model) / "data" / f"{cfg.task.name}_rl.jsonl"
+        if rl.is_file():
+            return replace(cfg, task=replace(cfg.task, data=str(rl)))
+    return cfg
+
+
 def sample_and_score(backend, task, problems: list[Problem], params: SamplingParams,
                      progress: bool = True) -> list[dict]:
     """Generate ``params.n`` samples per problem and score them; one row per sample."""

@@ -49,3 +49,36 @@ def replace_dir_atomic(src: str | Path, dst: str | Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(src, dst)
+
+
+def complete_jsonl_rows(path: str | Path) -> list[dict]:
+    """The rows of a JSONL log up to the first line a killed writer left cut short."""
+    rows = []
+    if not Path(path).is_file():
+        return rows
+    for line in Path(path).read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return rows
+
+
+def save_hf_checkpoint(model, tokenizer, folder: str | Path, data_from: str | Path | None = None,
+                       extra=None) -> None:
+    """An HF ``save_pretrained`` folder (safetensors + tokenizer), loadable by transformers
+    and vLLM, written under a temporary name and renamed into place. A testbed model's
+    held-out ``data/`` folder travels with it (``data_from``: the base model folder), so
+    ``es-llm eval`` of a checkpoint finds its held-out set. ``extra(tmp_folder)`` may add
+    files (a trainer's optimizer state) before the rename."""
+    folder = Path(folder)
+    tmp = folder.with_name(f".{folder.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    data = Path(data_from) / "data" if data_from is not None else None
+    if data is not None and data.is_dir():
+        shutil.copytree(data, tmp / "data")
+    if extra is not None:
+        extra(tmp)
+    replace_dir_atomic(tmp, folder)

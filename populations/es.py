@@ -26,7 +26,7 @@ from typing import Mapping
 import torch
 
 from populations.estimators import accumulate, direction_coefficients
-from populations.noise import Member, NoiseFn, keyed_noise, population
+from populations.noise import Member, NoiseFn, check_noise_device, keyed_noise, population
 from populations.optimizers import OptimizerConfig, OptimizerState, make_optimizer
 from populations.shaping import shape_fitness, shaping_names
 
@@ -49,6 +49,9 @@ class ESConfig:
     run_seed: int = 0
     # Update rule applied to the estimate (ascent).
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    # Where noise is drawn: "cpu" (the same values on every machine) or "cuda" (fast on an
+    # accelerator, different values; see noise.gaussian).
+    noise_device: str = "cpu"
 
     def __post_init__(self):
         population(self.population, self.antithetic)  # raises on a bad or odd-antithetic N
@@ -60,6 +63,7 @@ class ESConfig:
                              f"{', '.join(shaping_names())}")
         if not isinstance(self.run_seed, int) or isinstance(self.run_seed, bool):
             raise ValueError(f"run_seed must be an int, got {self.run_seed!r}")
+        check_noise_device(self.noise_device)
         if not isinstance(self.optimizer, OptimizerConfig):
             raise ValueError(f"optimizer must be an OptimizerConfig, got {self.optimizer!r}")
 
@@ -85,8 +89,8 @@ def ask(cfg: ESConfig, state: ESState) -> tuple[Member, ...]:
 
 
 def noise_for(cfg: ESConfig, state: ESState) -> NoiseFn:
-    """``(direction, name, shape) -> eps`` (CPU, fp32) for ``state.iteration``."""
-    return keyed_noise(cfg.run_seed, state.iteration)
+    """``(direction, name, shape) -> eps`` (fp32, on ``cfg.noise_device``) for ``state.iteration``."""
+    return keyed_noise(cfg.run_seed, state.iteration, device=cfg.noise_device)
 
 
 def perturb(theta: torch.Tensor, eps: torch.Tensor, sign: int, sigma: float, *,

@@ -72,15 +72,18 @@ def noise_key(run_seed: int, iteration: int, direction: int, name: str) -> int:
     return int.from_bytes(h.digest(), "little") & ((1 << 63) - 1)
 
 
-def gaussian(key: int, shape: Sequence[int], *, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Standard normal noise of ``shape``, a pure function of ``key``; returned on the CPU.
+def gaussian(key: int, shape: Sequence[int], *, dtype: torch.dtype = torch.float32,
+             device: str = "cpu") -> torch.Tensor:
+    """Standard normal noise of ``shape``, a pure function of ``(key, device type)``.
 
-    Drawn from a fresh CPU ``torch.Generator`` seeded with ``key`` (torch's global RNG is never
-    touched). The CPU generator is used for every target device because CUDA and other
-    backends use different generators (Philox) that would give different values; callers
-    move the tensor with ``.to(device)``, so the same key means the same perturbation
-    everywhere. Values are always drawn in float32 and then cast, so a bf16 or fp64 copy of
-    a parameter sees the rounding of the same fp32 noise rather than a different stream.
+    Drawn from a fresh ``torch.Generator`` on ``device`` seeded with ``key`` (torch's global
+    RNG is never touched). ``device="cpu"`` (the default) is the portable choice: the same key
+    gives the same values on every machine, and callers move the tensor with ``.to(device)``.
+    ``device="cuda"`` draws with the accelerator's own generator (Philox), which is orders of
+    magnitude faster there but gives *different* values from the CPU stream, so noise, and a
+    ledger's replay, then agree only between CUDA devices. Values are always drawn in float32
+    and then cast, so a bf16 or fp64 copy of a parameter sees the rounding of the same fp32
+    noise rather than a different stream.
 
     Caveat (measured with torch 2.13): torch's CPU ``randn`` picks its kernel by CPU
     capability. The AVX2 and AVX512 kernels agree bitwise, the generic kernel (non-x86, or
@@ -88,20 +91,35 @@ def gaussian(key: int, shape: Sequence[int], *, dtype: torch.dtype = torch.float
     run the same build on the same hardware, so they agree; rebuilding weights from a
     ledger on another architecture gives the same weights only up to that rounding.
     """
-    gen = torch.Generator(device="cpu")
+    gen = torch.Generator(device=device)
     gen.manual_seed(key)
-    eps = torch.randn(tuple(shape), generator=gen, dtype=torch.float32)
+    eps = torch.randn(tuple(shape), generator=gen, dtype=torch.float32, device=device)
     return eps if dtype == torch.float32 else eps.to(dtype)
 
 
-def keyed_noise(run_seed: int, iteration: int, *, dtype: torch.dtype = torch.float32) -> NoiseFn:
+NOISE_DEVICES = ("cpu", "cuda")
+
+
+def check_noise_device(device: str) -> None:
+    """Raise ValueError unless ``device`` is a noise device this machine has."""
+    if device not in NOISE_DEVICES:
+        raise ValueError(f"unknown noise device {device!r}; valid choices are: "
+                         f"{', '.join(NOISE_DEVICES)}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("noise device 'cuda' was asked for but torch sees no CUDA device; "
+                         "use 'cpu'")
+
+
+def keyed_noise(run_seed: int, iteration: int, *, dtype: torch.dtype = torch.float32,
+                device: str = "cpu") -> NoiseFn:
     """The ``noise_for(direction, name, shape)`` callable of one iteration, for estimators."""
-    return partial(_keyed, run_seed, iteration, dtype)
+    return partial(_keyed, run_seed, iteration, dtype, device)
 
 
-def _keyed(run_seed: int, iteration: int, dtype: torch.dtype, direction: int, name: str,
-           shape: Sequence[int]) -> torch.Tensor:
-    return gaussian(noise_key(run_seed, iteration, direction, name), shape, dtype=dtype)
+def _keyed(run_seed: int, iteration: int, dtype: torch.dtype, device: str, direction: int,
+           name: str, shape: Sequence[int]) -> torch.Tensor:
+    return gaussian(noise_key(run_seed, iteration, direction, name), shape, dtype=dtype,
+                    device=device)
 
 
 def direction_and_sign(n: int, antithetic: bool) -> tuple[int, int]:

@@ -73,3 +73,12 @@ def test_bad_override_and_missing_file(tmp_path):
 def test_to_dict_is_plain_data():
     assert to_dict(Outer()) == {"steps": 10, "flag": False,
                                 "inner": {"lr": 0.1, "tiers": [2, 3], "name": None}}
+
+
+def test_exponent_floats_without_a_dot_are_numbers():
+    # YAML 1.1 reads "1e-3" as a string; as a float field's value it is meant as a number.
+    from es_llm.es.config import ESRunConfig
+    cfg = load_config(ESRunConfig, overrides=["es.lr=1e-3", "es.sigma=2E-4"])
+    assert cfg.es.lr == 1e-3 and cfg.es.sigma == 2e-4
+    with pytest.raises(BadInput, match="must be a number"):
+        load_config(ESRunConfig, overrides=["es.lr=fast"])

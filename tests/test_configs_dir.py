@@ -22,3 +22,24 @@ def test_testbed_presets_load():
     from es_llm.testbed.config import load_testbed_config
     assert load_testbed_config("ci").size == "ci"
     assert load_testbed_config("default").size == "default"
+
+
+GRADIENT_PREFIXES = ("grpo_", "dapo_", "gspo_", "gapo_", "adaprefix_", "replay_")
+
+
+@pytest.mark.parametrize("path", sorted(p for p in CONFIGS.glob("*.yaml")
+                                        if p.name.startswith(GRADIENT_PREFIXES)),
+                         ids=lambda p: p.name)
+def test_grpo_family_configs_load_and_are_exercised(path):
+    from gradient.config import GRPORunConfig
+    from test_grpo_trainer import VARIANTS
+
+    cfg = load_config(GRPORunConfig, path=path)
+    assert cfg.rollout.group_size >= 2
+    # Every shipped variant runs end to end in test_grpo_trainer (the ci one is its base).
+    assert path.name in VARIANTS or path.name == "grpo_countdown_ci.yaml"
+
+
+def test_every_config_belongs_to_a_command():
+    known = ("eval_", "es_") + GRADIENT_PREFIXES
+    assert all(p.name.startswith(known) for p in CONFIGS.glob("*.yaml"))

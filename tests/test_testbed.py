@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from es_llm.errors import BadInput
 from es_llm.io import read_jsonl
 from es_llm.testbed.build import build_testbed
-from es_llm.testbed.train import _problem_key, held_out_sets, training_example
+from es_llm.testbed.train import _problem_key, held_out_sets, record, training_example
 from es_llm.testbed.config import load_testbed_config
 
 
@@ -121,3 +121,28 @@ def test_out_paths_that_replacing_would_destroy_are_refused(tmp_path, monkeypatc
     first, _ = build_testbed(tiny(), tmp_path / "tb", progress=False, echo=lambda *_: None)
     again, _ = build_testbed(tiny(), tmp_path / "tb", progress=False, echo=lambda *_: None)
     assert again == first and (again / "testbed.json").is_file()
+
+
+def test_the_rl_pool_is_disjoint_from_held_out_sets_and_leaves_pretraining_alone():
+    plain = load_testbed_config("ci")
+    pooled = load_testbed_config("ci", overrides=["data.rl_pool_per_tier=50"])
+    sets, excluded = held_out_sets(pooled)
+    sets0, excluded0 = held_out_sets(plain)
+    assert excluded == excluded0 and "countdown_rl_pool" not in sets0
+    assert {k: [p.id for p in v] for k, v in sets0.items()} == \
+        {k: [p.id for p in v] for k, v in sets.items() if k != "countdown_rl_pool"}
+    pool = {_problem_key(p) for p in sets["countdown_rl_pool"]}
+    assert 0 < len(pool) <= 50 * len(pooled.data.countdown_tiers)
+    assert not pool & {_problem_key(p) for p in sets["countdown_eval"] + sets["countdown_rl"]}
+
+
+def test_held_out_problems_carry_a_worked_reference_that_scores_one():
+    from es_llm.tasks import TaskConfig, build_task
+
+    sets, _ = held_out_sets(load_testbed_config("ci"))
+    task = build_task(TaskConfig(name="countdown"))
+    problems = sets["countdown_rl"][:20]
+    scores = task.score_many([(p, p.meta["reference"]) for p in problems])
+    assert all(s.reward == 1.0 for s in scores)
+    assert all(record(p)["reference"] == p.meta["reference"] for p in problems)
+    task.close()

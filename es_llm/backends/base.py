@@ -12,15 +12,30 @@ from typing import Protocol, Sequence
 from es_llm.errors import BadInput
 
 
+LOGPROBS_MODES = ("raw", "processed")
+
+
+def check_logprobs_mode(mode: str) -> str:
+    """``mode`` if it names a logprobs mode; ``BadInput`` otherwise."""
+    if mode not in LOGPROBS_MODES:
+        raise BadInput(f"unknown logprobs_mode {mode!r}; valid choices are: "
+                       f"{', '.join(LOGPROBS_MODES)} (raw = log-softmax of the unscaled logits, "
+                       "processed = after temperature and top-p).")
+    return mode
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How to sample.
 
     ``temperature == 0`` means greedy decoding. ``seed`` makes sampling reproducible: the
     same prompts, params and seed give the same completions on the same backend.
-    ``logprobs`` asks for the log-probability of each generated token under the model's
-    unscaled distribution (log-softmax of the raw logits, before temperature and top-p; the
-    same quantity vLLM reports by default).
+    ``logprobs`` asks for the log-probability of each generated token. Which distribution it
+    is taken under is a setting of the backend, not of the request (``logprobs_mode`` of
+    ``HFBackend`` and ``VLLMBackend``): ``"raw"`` (the default) is the log-softmax of the
+    unscaled logits, before temperature and top-p, as vLLM reports by default; ``"processed"``
+    is the distribution the token was drawn from, after temperature and top-p, which is what
+    an importance ratio against the trainer needs.
     """
 
     n: int = 1
@@ -55,11 +70,12 @@ class Completion:
 
 
 class Backend(Protocol):
-    """Generates ``n`` completions for each prompt; returns them as ``[prompt][sample]``."""
+    """Generates ``n`` completions for each prompt; returns them as ``[prompt][sample]``.
+    A prompt is a string or a list of token ids (fed to the model exactly as given)."""
 
     name: str
 
-    def generate(self, prompts: Sequence[str], params: SamplingParams,
+    def generate(self, prompts: Sequence[str | Sequence[int]], params: SamplingParams,
                  progress: bool = False) -> list[list[Completion]]:
         ...
 

@@ -2,8 +2,8 @@
 
 The decoding loop is written out (KV cache, temperature, nucleus sampling) rather than
 delegated to ``model.generate`` so that sampling is driven by an explicit
-``torch.Generator`` and so each generated token's logprob is the unscaled log-softmax,
-matching what vLLM reports.
+``torch.Generator`` and so each generated token's logprob is the quantity vLLM reports in
+the same ``logprobs_mode`` (see ``sampled_logprobs``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Sequence
 import torch
 from tqdm.auto import tqdm
 
-from es_llm.backends.base import Completion, SamplingParams
+from es_llm.backends.base import Completion, SamplingParams, check_logprobs_mode
 
 
 def nucleus_sample(logits_B_V: torch.Tensor, temperature: float, top_p: float,
@@ -30,25 +30,60 @@ def nucleus_sample(logits_B_V: torch.Tensor, temperature: float, top_p: float,
         keep_B_V = (sorted_B_V.cumsum(dim=-1) - sorted_B_V) < top_p
         sorted_B_V = sorted_B_V * keep_B_V
         probs_B_V = torch.zeros_like(probs_B_V).scatter(-1, order_B_V, sorted_B_V)
+    if probs_B_V.device != generator.device:
+        # The draw happens where the generator lives, so a seed means the same tokens
+        # whether the model runs on the CPU or an accelerator (given equal probabilities).
+        probs_B_V = probs_B_V.to(generator.device)
     return torch.multinomial(probs_B_V, 1, generator=generator).squeeze(-1)
 
 
+def sampled_logprobs(logits_B_V: torch.Tensor, next_B: torch.Tensor, params: SamplingParams,
+                     mode: str) -> torch.Tensor:
+    """Log-probability of each row's sampled token ``next_B`` (shape ``[B]``) given the raw
+    next-token logits ``logits_B_V``; returns shape ``[B]`` in float32.
+
+    ``mode == "raw"``: ``log_softmax(logits)``, before temperature and top-p.
+    ``mode == "processed"``: the distribution the token was drawn from, as vLLM's
+    ``processed_logprobs``: ``log_softmax(logits / temperature)``, and with ``top_p < 1``
+    renormalised over the nucleus (``nucleus_sample``'s keep rule), i.e.
+    ``log(p_t / sum of the kept p)``. Greedy (``temperature == 0``) applies no temperature,
+    so both modes coincide there, as in vLLM.
+    """
+    logits_B_V = logits_B_V.float()
+    if mode == "raw" or params.temperature == 0:
+        return torch.log_softmax(logits_B_V, -1).gather(-1, next_B[:, None])[:, 0]
+    logp_B_V = torch.log_softmax(logits_B_V / params.temperature, -1)
+    lp_B = logp_B_V.gather(-1, next_B[:, None])[:, 0]
+    if params.top_p < 1.0:
+        sorted_B_V = logp_B_V.exp().sort(dim=-1, descending=True).values
+        keep_B_V = (sorted_B_V.cumsum(dim=-1) - sorted_B_V) < params.top_p
+        lp_B = lp_B - (sorted_B_V * keep_B_V).sum(-1).log()
+    return lp_B
+
+
 class HFBackend:
-    """Batched sampling from an ``AutoModelForCausalLM`` on the CPU (or a given device)."""
+    """Batched sampling from an ``AutoModelForCausalLM`` on the CPU (or a given device).
+
+    ``logprobs_mode`` says which logprob ``SamplingParams.logprobs`` returns: ``"raw"``
+    (unscaled log-softmax) or ``"processed"`` (after temperature and top-p); see
+    ``sampled_logprobs``.
+    """
 
     name = "hf"
 
     def __init__(self, model_path: str, batch_size: int = 512, device: str = "cpu",
-                 dtype: torch.dtype = torch.float32, model=None, tokenizer=None):
+                 dtype: torch.dtype = torch.float32, model=None, tokenizer=None,
+                 logprobs_mode: str = "raw"):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        self.logprobs_mode = check_logprobs_mode(logprobs_mode)
         self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(model_path)
         self.model = model or AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
         self.model.to(device).eval()
         self.device = device
         self.batch_size = batch_size
 
-    def generate(self, prompts: Sequence[str], params: SamplingParams,
+    def generate(self, prompts: Sequence[str | Sequence[int]], params: SamplingParams,
                  progress: bool = False) -> list[list[Completion]]:
         jobs = [(p, s) for p in range(len(prompts)) for s in range(params.n)]
         results: list[list[Completion | None]] = [[None] * params.n for _ in prompts]
@@ -67,7 +102,8 @@ class HFBackend:
     def _generate_batch(self, prompts: list[str], params: SamplingParams,
                         generator: torch.Generator) -> list[Completion]:
         tok = self.tokenizer
-        encoded = [tok(p).input_ids for p in prompts]
+        # A prompt is text (tokenized here) or already token ids (used as they are).
+        encoded = [tok(p).input_ids if isinstance(p, str) else list(p) for p in prompts]
         B, L = len(encoded), max(len(e) for e in encoded)
         pad_id = tok.pad_token_id
         # Left padding keeps every row's next token at the same position of the batch.
@@ -91,7 +127,7 @@ class HFBackend:
             next_B = nucleus_sample(logits_B_V, params.temperature, params.top_p,
                                     generator).to(self.device)
             if params.logprobs:
-                lp_B = torch.log_softmax(logits_B_V.float(), -1).gather(-1, next_B[:, None])[:, 0]
+                lp_B = sampled_logprobs(logits_B_V, next_B, params, self.logprobs_mode)
             for i in range(B):
                 if done[i]:
                     continue

@@ -14,9 +14,15 @@ attribute 'get'``); keep evotorch out of processes that run vLLM.
 from __future__ import annotations
 
 import os
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
-from es_llm.backends.base import Completion, SamplingParams
+from es_llm.backends.base import Completion, SamplingParams, check_logprobs_mode
+
+if TYPE_CHECKING:
+    import torch
+
+# Our logprobs modes and the engine argument each one sets.
+_ENGINE_LOGPROBS_MODE = {"raw": "raw_logprobs", "processed": "processed_logprobs"}
 
 
 def vllm_available() -> bool:
@@ -28,11 +34,35 @@ def vllm_available() -> bool:
 
 
 class VLLMBackend:
+    """A vLLM engine behind ``Backend.generate``.
+
+    ``logprobs_mode`` says which logprob ``SamplingParams.logprobs`` returns. ``"raw"``: the
+    log-softmax of the model's logits before anything touches them (vLLM's
+    ``raw_logprobs``). ``"processed"``: vLLM's ``processed_logprobs``, the log-softmax of the
+    logits the token was sampled from, i.e. after, in vLLM 0.32's sampler order: allowed-token
+    and bad-word masks, min-tokens and logit-bias processors, repetition / frequency /
+    presence penalties, division by the temperature, min-p, and top-k / top-p (tokens
+    outside them get -inf, so the result is renormalised over the kept set). With this
+    project's ``SamplingParams`` only temperature and top-p apply. Greedy requests
+    (temperature 0) are not divided by a temperature. This is what an importance ratio
+    against a trainer that divides its logits by the same temperature needs.
+
+    ``worker_extension`` installs ``ESWorkerExtension`` so that weights can be written into
+    the running engine (``push_weights``); ``prefix_caching`` keeps vLLM's prefix cache.
+    ``for_es=True`` is the ES set-up, shorthand for ``worker_extension=True,
+    prefix_caching=False`` (an ES member's weights differ from the next member's while the
+    prompts are the same, so cached prefixes would be stale at every step).
+    """
+
     name = "vllm"
 
     def __init__(self, model_path: str, max_model_len: int | None = None, dtype: str = "float32",
                  kv_cache_gib: int = 1, memory_utilization: float = 0.3, seed: int = 0,
-                 for_es: bool = False):
+                 for_es: bool = False, logprobs_mode: str = "raw",
+                 worker_extension: bool = False, prefix_caching: bool = True):
+        self.logprobs_mode = check_logprobs_mode(logprobs_mode)
+        if for_es:
+            worker_extension, prefix_caching = True, False
         # These must be set before vllm is imported for the first time in this process.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
@@ -41,26 +71,32 @@ class VLLMBackend:
         threads = torch.get_num_threads()
         from vllm import LLM
 
+        extra = {}
+        if worker_extension:
+            extra["worker_extension_cls"] = "es_llm.backends.vllm_weights.ESWorkerExtension"
+        if not prefix_caching:
+            extra["enable_prefix_caching"] = False
+        self.worker_extension = worker_extension
         # Chunked prefill off: with seeded sampling, vLLM's CPU path rewinds a per-request
         # generator after a partial prefill, which the CPU generator does not support.
-        es = ({"enable_prefix_caching": False,
-               "worker_extension_cls": "es_llm.backends.vllm_weights.ESWorkerExtension"}
-              if for_es else {})
         self.llm = LLM(model=model_path, dtype=dtype, enforce_eager=True,
                        max_model_len=max_model_len, gpu_memory_utilization=memory_utilization,
-                       seed=seed, enable_chunked_prefill=False, **es)
+                       seed=seed, enable_chunked_prefill=False,
+                       logprobs_mode=_ENGINE_LOGPROBS_MODE[self.logprobs_mode], **extra)
         # vLLM drops torch to one thread per engine; restore it for work done beside it.
         torch.set_num_threads(threads)
         self.tokenizer = self.llm.get_tokenizer()
 
-    def generate(self, prompts: Sequence[str], params: SamplingParams,
+    def generate(self, prompts: Sequence[str | Sequence[int]], params: SamplingParams,
                  progress: bool = False) -> list[list[Completion]]:
         from vllm import SamplingParams as VSP
 
         vsp = VSP(n=params.n, temperature=params.temperature, top_p=params.top_p,
                   max_tokens=params.max_tokens, stop=list(params.stop) or None,
                   seed=params.seed, logprobs=1 if params.logprobs else None)
-        outputs = self.llm.generate(list(prompts), vsp, use_tqdm=progress)
+        # Token-id prompts go in as they are (no re-tokenization that could merge tokens).
+        inputs = [p if isinstance(p, str) else {"prompt_token_ids": list(p)} for p in prompts]
+        outputs = self.llm.generate(inputs, vsp, use_tqdm=progress)
         results = []
         for out in outputs:
             row = []
@@ -73,6 +109,18 @@ class VLLMBackend:
                                       else "stop"))
             results.append(row)
         return results
+
+    def push_weights(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Write HF-named tensors (e.g. ``dict(model.named_parameters())`` of the trainer's
+        model; any subset, as long as the parts of a fused vLLM tensor such as q/k/v come
+        together) into the running engine, then reset its prefix cache so that no KV block
+        computed under the old weights is reused. Needs ``worker_extension=True``."""
+        if not self.worker_extension:
+            raise RuntimeError("push_weights needs an engine built with worker_extension=True "
+                               "(or for_es=True)")
+        from es_llm.backends.vllm_weights import push_hf_tensors
+
+        push_hf_tensors(self.llm, tensors)
 
     def prompt_token_ids(self, prompt: str) -> list[int]:
         """The ids the engine itself feeds the model for ``prompt``."""

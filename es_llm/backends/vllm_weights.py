@@ -34,6 +34,18 @@ def vllm_target(hf_name: str, packed: dict[str, list[str]]) -> tuple[str, int, i
     return hf_name, 0, 1
 
 
+def push_hf_tensors(llm, tensors: dict[str, torch.Tensor]) -> None:
+    """Write HF-named tensors into the engine ``llm`` (built with ``ESWorkerExtension``) and
+    drop its prefix cache.
+
+    The reset is required: the cache holds KV blocks computed under the old weights, and a
+    later prompt sharing a cached prefix would reuse them instead of recomputing them under
+    the new ones (TRL resets after every weight sync for the same reason).
+    """
+    llm.collective_rpc("es_write", args=({n: t.detach() for n, t in tensors.items()},))
+    llm.reset_prefix_cache()
+
+
 class ESWorkerExtension:
     """Mixed into vLLM's worker (``worker_extension_cls``); reached by ``collective_rpc``."""
 
@@ -118,8 +130,7 @@ class VLLMWeights:
         return self.hf.master
 
     def _send(self, tensors: dict[str, torch.Tensor]) -> None:
-        self.llm.collective_rpc("es_write", args=(tensors,))
-        self.llm.reset_prefix_cache()
+        push_hf_tensors(self.llm, tensors)
 
     @torch.no_grad()
     def perturb(self, noise_for, scale: float) -> None:

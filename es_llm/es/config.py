@@ -29,6 +29,9 @@ class ESSettings:
     # Which parameters evolve: all, matrices (ndim >= 2) or regex (names matching param_pattern).
     params: str = "all"
     param_pattern: str = ""
+    # Where noise is drawn: cpu (the same values on every machine) or cuda (much faster on a
+    # GPU, but different values, so a run's ledger then replays only on CUDA machines).
+    noise_device: str = "cpu"
 
     def __post_init__(self):
         if self.population < 2:
@@ -48,6 +51,11 @@ class ESSettings:
         if self.optimizer not in optimizer_names():
             raise BadInput(f"unknown es.optimizer {self.optimizer!r}; valid choices are: "
                            f"{', '.join(optimizer_names())}.")
+        from populations.noise import check_noise_device
+        try:
+            check_noise_device(self.noise_device)
+        except ValueError as exc:
+            raise BadInput(f"es.noise_device: {exc}.") from None
         if self.params not in PARAMETER_FILTERS:
             raise BadInput(f"unknown es.params filter {self.params!r}; valid filters are: "
                            f"{', '.join(PARAMETER_FILTERS)}.")
@@ -72,10 +80,19 @@ class ESRunConfig:
     checksum_every: int = 5
     # Generation backend of the population: auto (vLLM when installed), hf or vllm.
     backend: str = "auto"
+    # Device of the served model and of the fp32 master copy: cpu or cuda.
+    device: str = "cpu"
+    # Dtype of the served model (the master copy is always float32): float32, bfloat16, float16.
+    dtype: str = "float32"
 
     def __post_init__(self):
         if self.backend not in ("auto", "hf", "vllm"):
             raise BadInput(f"unknown backend {self.backend!r}; valid choices are: auto, hf, vllm.")
+        if self.device not in ("cpu", "cuda"):
+            raise BadInput(f"unknown device {self.device!r}; valid choices are: cpu, cuda.")
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise BadInput(f"unknown dtype {self.dtype!r}; valid choices are: float32, "
+                           f"bfloat16, float16.")
         for name in ("iterations", "prompts_per_iteration", "max_tokens", "checkpoint_every",
                      "checksum_every"):
             if getattr(self, name) < 1:

@@ -7,9 +7,9 @@ shaping, the estimate, the optimizer) live in ``populations``.
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +22,7 @@ from es_llm.config import dump_yaml
 from es_llm.errors import BadInput
 from es_llm.es.config import ESRunConfig
 from es_llm.es.weights import ModuleWeights
-from es_llm.io import write_text_atomic
+from es_llm.io import complete_jsonl_rows, save_hf_checkpoint, write_text_atomic
 from es_llm.tasks import Problem
 from populations import es as pes
 from populations.optimizers import OptimizerConfig
@@ -51,28 +51,48 @@ def es_config(cfg: ESRunConfig) -> pes.ESConfig:
     """The model-free ES settings of a run."""
     e = cfg.es
     return pes.ESConfig(population=e.population, sigma=e.sigma, antithetic=e.antithetic,
-                        shaping=e.shaping, run_seed=cfg.seed,
+                        shaping=e.shaping, run_seed=cfg.seed, noise_device=e.noise_device,
                         optimizer=OptimizerConfig(name=e.optimizer, lr=e.lr,
                                                   anchor_decay=e.anchor_decay))
 
 
+def owned_members(members, rank: int, size: int) -> list:
+    """The members rank ``rank`` evaluates: whole noise directions (direction d goes to rank
+    d % size), so both halves of a mirrored pair land on one rank and share one noise draw."""
+    return [m for m in members if m.direction % size == rank]
+
+
 def evaluate_members(edges: Edges, es_cfg: pes.ESConfig, state: pes.ESState, members,
                      batch: list[Problem], cfg: ESRunConfig) -> dict[int, list[float]]:
-    """Rewards per prompt for the members this rank owns (member n goes to rank n % size)."""
+    """Rewards per prompt for the members this rank owns (``owned_members``).
+
+    A member's weights are written as cast(master + sign * sigma * eps) straight over the
+    previous member's, so the served model is written once per member and restored once at
+    the end. The noise of a direction is drawn once and kept for its mirrored member (one
+    extra fp32 copy of the evolving weights while the pair is evaluated).
+    """
     params = SamplingParams(n=1, temperature=0.0, max_tokens=cfg.max_tokens, seed=cfg.seed)
     prompts = [p.prompt for p in batch]
     eps_for = pes.noise_for(es_cfg, state)
+    mine = owned_members(members, edges.comm.rank, edges.comm.size)
     out = {}
-    for n in range(edges.comm.rank, len(members), edges.comm.size):
-        m = members[n]
-        edges.weights.perturb(lambda name, shape: m.sign * eps_for(m.direction, name, shape),
-                              cfg.es.sigma)
-        try:
-            completions = edges.backend.generate(prompts, params)
-        finally:
-            edges.weights.restore()
-        scores = edges.task.score_many([(p, c[0].text) for p, c in zip(batch, completions)])
-        out[n] = [s.reward for s in scores]
+    try:
+        for direction, group in itertools.groupby(mine, key=lambda m: m.direction):
+            cache: dict[str, torch.Tensor] = {}
+
+            def noise(name, shape, d=direction, cache=cache):
+                if name not in cache:
+                    cache[name] = eps_for(d, name, shape)
+                return cache[name]
+
+            for m in group:
+                edges.weights.perturb(noise, m.sign * cfg.es.sigma)
+                completions = edges.backend.generate(prompts, params)
+                scores = edges.task.score_many([(p, c[0].text)
+                                                for p, c in zip(batch, completions)])
+                out[m.index] = [s.reward for s in scores]
+    finally:
+        edges.weights.restore()
     return out
 
 
@@ -105,17 +125,8 @@ def step(edges: Edges, es_cfg: pes.ESConfig, state: pes.ESState, problems: list[
 
 
 def save_checkpoint(edges: Edges, cfg: ESRunConfig, folder: Path) -> None:
-    """An HF folder of the current (unperturbed) weights, loadable by transformers and vLLM;
-    a testbed base model's held-out data travels with it so `es-llm eval` finds it."""
-    tmp = folder.with_name(f".{folder.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    edges.model.save_pretrained(tmp, safe_serialization=True)
-    edges.tokenizer.save_pretrained(tmp)
-    data = Path(cfg.model) / "data"
-    if data.is_dir():
-        shutil.copytree(data, tmp / "data")
-    shutil.rmtree(folder, ignore_errors=True)
-    tmp.rename(folder)
+    """An HF folder of the current (unperturbed) weights (see ``save_hf_checkpoint``)."""
+    save_hf_checkpoint(edges.model, edges.tokenizer, folder, data_from=cfg.model)
 
 
 def check_ranks_agree(edges: Edges, iteration: int) -> None:
@@ -158,25 +169,11 @@ def replay(es_cfg: pes.ESConfig, state: pes.ESState, entries: list[dict]) -> pes
 def _open_logs(out: Path, start: int):
     """Open metrics and ledger for appending after iteration ``start``, first rewriting
     both (atomically) without anything a killed run left beyond it."""
-    metrics = [m for m in (json.loads(x) for x in _complete_lines(out / "metrics.jsonl"))
-               if m.get("step", start) < start]
-    ledger = [json.loads(x) for x in _complete_lines(out / "ledger.jsonl")][:start]
+    metrics = [m for m in complete_jsonl_rows(out / "metrics.jsonl") if m.get("step", start) < start]
+    ledger = complete_jsonl_rows(out / "ledger.jsonl")[:start]
     write_text_atomic(out / "metrics.jsonl", "".join(json.dumps(m) + "\n" for m in metrics))
     write_text_atomic(out / "ledger.jsonl", "".join(json.dumps(e) + "\n" for e in ledger))
     return open(out / "metrics.jsonl", "a"), open(out / "ledger.jsonl", "a")
-
-
-def _complete_lines(path: Path) -> list[str]:
-    if not path.is_file():
-        return []
-    lines = []
-    for line in path.read_text().splitlines():
-        try:
-            json.loads(line)
-        except json.JSONDecodeError:
-            break
-        lines.append(line)
-    return lines
 
 
 def run(cfg: ESRunConfig, edges: Edges, problems: list[Problem], out: Path,

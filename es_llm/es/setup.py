@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-from dataclasses import replace
-from pathlib import Path
 
 import torch
 
@@ -14,18 +12,8 @@ from es_llm.errors import BadInput
 from es_llm.es.config import ESRunConfig
 from es_llm.es.engine import Edges
 from es_llm.es.weights import ModuleWeights, select_parameters
-from es_llm.evaluate import check_model_path
+from es_llm.evaluate import check_model_path, resolve_training_data  # noqa: F401 (re-export)
 from es_llm.tasks import build_task
-
-
-def resolve_training_data(cfg: ESRunConfig) -> ESRunConfig:
-    """A testbed model brings held-out training prompts (data/<task>_rl.jsonl): use them
-    when the config names no data file."""
-    if cfg.task.data is None:
-        rl = Path(cfg.model) / "data" / f"{cfg.task.name}_rl.jsonl"
-        if rl.is_file():
-            return replace(cfg, task=replace(cfg.task, data=str(rl)))
-    return cfg
 
 
 def build_edges(cfg: ESRunConfig, comm) -> tuple[Edges, list]:
@@ -38,10 +26,14 @@ def build_edges(cfg: ESRunConfig, comm) -> tuple[Edges, list]:
     problems = task.problems()
     if not problems:
         raise BadInput(f"task {cfg.task.name!r} gave no training problems (data={cfg.task.data!r}).")
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise BadInput("device 'cuda' was asked for but torch sees no CUDA device; use "
+                       "device=cpu.")
     # Ranks share the machine's cores; one rank gets them all.
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // comm.size))
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)
-    model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=getattr(torch, cfg.dtype))
+    model.to(cfg.device)
     names = select_parameters(model, cfg.es.params, cfg.es.param_pattern)
     weights = ModuleWeights(model, names)
     use_vllm = cfg.backend == "vllm" or (cfg.backend == "auto" and vllm_available())
@@ -49,9 +41,9 @@ def build_edges(cfg: ESRunConfig, comm) -> tuple[Edges, list]:
         require_vllm()
         from es_llm.backends.vllm_backend import VLLMBackend
         from es_llm.backends.vllm_weights import VLLMWeights
-        backend = VLLMBackend(cfg.model, seed=cfg.seed, for_es=True)
+        backend = VLLMBackend(cfg.model, seed=cfg.seed, dtype=cfg.dtype, for_es=True)
         weights = VLLMWeights(backend.llm, weights)
     else:
-        backend = HFBackend(cfg.model, model=model, tokenizer=tokenizer)
+        backend = HFBackend(cfg.model, model=model, tokenizer=tokenizer, device=cfg.device)
     return Edges(comm=comm, model=model, tokenizer=tokenizer, weights=weights, backend=backend,
                  task=task), problems

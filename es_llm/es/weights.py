@@ -78,5 +78,5 @@ class ModuleWeights:
         h = hashlib.sha256()
         for name in sorted(self.master):
             h.update(name.encode())
-            h.update(self.master[name].contiguous().numpy().tobytes())
+            h.update(self.master[name].detach().cpu().contiguous().numpy().tobytes())
         return h.hexdigest()[:16]

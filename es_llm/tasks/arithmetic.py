@@ -121,8 +121,9 @@ def load_problems(path, limit: int | None = None) -> list[Problem]:
         if not isinstance(answer, int) or isinstance(answer, bool):
             raise BadInput(f"data file {str(path)!r}: record {i} has answer {rec['answer']!r}; "
                            f"arithmetic answers must be integers.")
+        meta = {"reference": rec["reference"]} if rec.get("reference") is not None else {}
         problems.append(Problem(id=record_id(rec, i), prompt=rec["prompt"], gold=answer,
-                                difficulty=int(rec.get("difficulty") or 0)))
+                                difficulty=int(rec.get("difficulty") or 0), meta=meta))
     return problems
 
 

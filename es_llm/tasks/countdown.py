@@ -306,7 +306,8 @@ def load_problems(path, limit: int | None = None) -> list[Problem]:
         numbers, target = _numbers(rec["numbers"], path, i), _target(rec["target"], path, i)
         prompt = rec.get("prompt") or rec.get("context") or render_prompt(numbers, target)
         difficulty = rec.get("difficulty")
-        meta = {"solution": rec["solution"]} if rec.get("solution") is not None else {}
+        # solution: an answer expression; reference: a whole worked completion (testbed files).
+        meta = {k: rec[k] for k in ("solution", "reference") if rec.get(k) is not None}
         problems.append(Problem(id=record_id(rec, i), prompt=prompt,
                                 gold={"numbers": numbers, "target": target},
                                 difficulty=len(numbers) if difficulty is None else int(difficulty),

@@ -56,6 +56,10 @@ class DataMix:
     # post-training prompts (ES, GRPO).
     eval_per_tier: int = 100
     rl_per_tier: int = 200
+    # A larger pool of Countdown training prompts for post-training, up to this many per tier
+    # (data/countdown_rl_pool.jsonl; 0 = none): disjoint from the eval and rl sets, but not
+    # withheld from pretraining, so adding it leaves the model unchanged.
+    rl_pool_per_tier: int = 0
 
     def __post_init__(self):
         if len(self.countdown_tiers) != len(self.countdown_weights):

@@ -33,20 +33,25 @@ def _countdown_example(rng: random.Random, tier: int, data) -> tuple:
                               max_target=data.countdown_max_target)
 
 
-def _distinct(draw, count: int, seen: set, what: str) -> list:
-    """``count`` problems from ``draw()`` whose keys are not in ``seen`` (which grows)."""
+def _distinct(draw, count: int, seen: set, what: str, strict: bool = True) -> list:
+    """``count`` problems from ``draw()`` whose keys are not in ``seen`` (which grows); with
+    ``strict=False`` as many as 200 draws per wanted problem find, without an error."""
     problems, tries = [], 0
     while len(problems) < count:
         tries += 1
+        if tries > 200 * count and not strict:
+            break
         if tries > 200 * count:
             raise BadInput(f"could not draw {count} distinct held-out {what} problems (found "
                            f"{len(problems)}); the tier's problem space is too small: lower "
                            f"data.eval_per_tier / data.rl_per_tier or widen the number range.")
-        problem, _ = draw()
+        problem, completion = draw()
         key = _problem_key(problem)
         if key not in seen:
             seen.add(key)
-            problems.append(problem)
+            # The worked completion travels with the problem as its reference solution
+            # (prefix-guided RL gives a part of it); the model never trains on it.
+            problems.append(replace(problem, meta={**problem.meta, "reference": completion}))
     return problems
 
 
@@ -66,6 +71,15 @@ def held_out_sets(cfg: TestbedConfig) -> tuple[dict[str, list], set]:
         problems += _distinct(lambda: arithmetic.generate(rng, tier), data.eval_per_tier, seen,
                               f"arithmetic tier-{tier}")
     sets["arithmetic_eval"] = _renumber(problems, "arithmetic-eval")
+    if data.rl_pool_per_tier:
+        # Its own RNG and a copy of `seen`: the pool changes neither the sets above nor what
+        # pretraining excludes, so the model is the same with or without it.
+        pool_rng, taken, problems = random.Random(f"{cfg.seed}:rl-pool"), set(seen), []
+        for tier in data.countdown_tiers:
+            problems += _distinct(lambda: _countdown_example(pool_rng, tier, data),
+                                  data.rl_pool_per_tier, taken, f"countdown tier-{tier}",
+                                  strict=False)
+        sets["countdown_rl_pool"] = _renumber(problems, "countdown-rl-pool")
     return sets, seen
 
 
@@ -79,6 +93,7 @@ def record(problem) -> dict:
         rec.update(problem.gold)
     else:
         rec["answer"] = problem.gold
+    rec.update({k: problem.meta[k] for k in ("solution", "reference") if k in problem.meta})
     return rec
 
 

@@ -1,0 +1,227 @@
+"""The GRPO-family run config: rollouts, the algorithm's registered parts, the optimizer.
+
+Every variant is a choice of registered names plus scalars here; the trainer never branches on
+a method name. Defaults are TRL's GRPO defaults (no KL, clip 0.2, temperature 1.0, group
+z-score advantages) with verl's token-mean aggregation; DAPO, GSPO, GAPO, AdaPrefix-GRPO and
+replay are switched on by the configs under configs/.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from es_llm.errors import BadInput
+from es_llm.tasks import TaskConfig
+
+
+def _choice(what: str, value: str, names) -> None:
+    names = list(names)
+    if value not in names:
+        raise BadInput(f"unknown {what} {value!r}; valid choices are: {', '.join(names)}.")
+
+
+def _positive(owner: str, obj, *names: str) -> None:
+    for name in names:
+        if not getattr(obj, name) > 0:
+            raise BadInput(f"{owner}.{name} must be > 0, got {getattr(obj, name)!r}.")
+
+
+@dataclass(frozen=True)
+class RolloutSettings:
+    # Prompts per optimizer step (P) and rollouts per prompt (G, the group).
+    prompts_per_step: int = 16
+    group_size: int = 8
+    # Sampling temperature of the rollouts; the trainer divides its logits by the same value.
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 64
+
+    def __post_init__(self):
+        if self.group_size < 2:
+            raise BadInput(f"rollout.group_size must be at least 2 (advantages are relative to "
+                           f"the other rollouts of a prompt), got {self.group_size}.")
+        _positive("rollout", self, "prompts_per_step", "temperature", "max_tokens")
+        if not 0 < self.top_p <= 1:
+            raise BadInput(f"rollout.top_p must lie in (0, 1], got {self.top_p}.")
+
+
+@dataclass(frozen=True)
+class KLSettings:
+    # Weight of the KL-to-reference term in the loss; 0 loads no reference model.
+    coef: float = 0.0
+    # Estimator: k1, k2, k3 or k3+ (value k3, gradient of k2).
+    estimator: str = "k3"
+    # Reference model folder; empty = the base model. Its tokenizer must be the policy's.
+    ref_model: str = ""
+
+    def __post_init__(self):
+        from gradient.kl import kl_names
+        _choice("kl.estimator", self.estimator, kl_names())
+        if self.coef < 0:
+            raise BadInput(f"kl.coef must be >= 0, got {self.coef}.")
+
+
+@dataclass(frozen=True)
+class DynamicSampling:
+    # DAPO: drop groups whose rewards are all equal and draw more prompts to refill.
+    enabled: bool = False
+    # At most this many generation rounds per step (the first included).
+    max_gen_batches: int = 4
+
+    def __post_init__(self):
+        _positive("dynamic_sampling", self, "max_gen_batches")
+
+
+@dataclass(frozen=True)
+class OverlongShaping:
+    # DAPO's soft length penalty over the last buffer_len tokens before max_tokens.
+    enabled: bool = False
+    buffer_len: int = 16
+    penalty_factor: float = 1.0
+
+    def __post_init__(self):
+        _positive("overlong", self, "buffer_len")
+        if self.penalty_factor < 0:
+            raise BadInput(f"overlong.penalty_factor must be >= 0, got {self.penalty_factor}.")
+
+
+@dataclass(frozen=True)
+class ISCorrection:
+    # Trainer/engine mismatch correction: none, token_truncate, token_mask, sequence_truncate
+    # or sequence_mask (TRL's default, with c_max 3).
+    mode: str = "sequence_mask"
+    c_min: float = 0.0
+    c_max: float = 3.0
+
+    def __post_init__(self):
+        from gradient.rollout_correction import IS_MODES
+        _choice("is_correction.mode", self.mode, IS_MODES)
+        if not 0 <= self.c_min < self.c_max:
+            raise BadInput(f"is_correction needs 0 <= c_min < c_max, got c_min={self.c_min}, "
+                           f"c_max={self.c_max}.")
+
+
+@dataclass(frozen=True)
+class PrefixSettings:
+    # AdaPrefix-GRPO: give each problem a prefix of its reference solution whose length a
+    # feedback controller sets to hold the problem's success rate near `target`.
+    enabled: bool = False
+    init_fraction: float = 0.5
+    gain: float = 0.5
+    target: float = 0.5
+    # Smoothing of the success rate (0 = the last visit alone).
+    ema: float = 0.0
+    # The help is withdrawn linearly between these steps (none after withdraw_end).
+    withdraw_start: int = 50
+    withdraw_end: int = 80
+
+
+@dataclass(frozen=True)
+class ReplaySettings:
+    # Rollout-level replay: rollouts keep the advantage and behaviour log-probs of their
+    # birth; each step trains on all fresh rollouts plus replay_ratio times as many replayed.
+    enabled: bool = False
+    tau_max: int = 10
+    capacity: int = 30000
+    replay_ratio: float = 0.5
+    alpha: float = 0.5
+    warmup_updates: int = 20
+
+
+@dataclass(frozen=True)
+class AlgoSettings:
+    # Advantage estimator: grpo (group z-score), dr_grpo (no std) or rloo.
+    advantage: str = "grpo"
+    # grpo's std: unbiased (Bessel, as TRL and verl) or population, and the eps added to it.
+    unbiased_std: bool = True
+    std_eps: float = 1e-6
+    # Policy loss: ppo_clip (token ratio), gspo (sequence ratio) or gapo.
+    loss: str = "ppo_clip"
+    # Clip range [1 - clip_low, 1 + clip_high]; clip_high > clip_low is DAPO's clip-higher.
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    # Dual clip c (> 1) bounds the loss of negative-advantage tokens; null = off.
+    dual_clip: float | None = None
+    # GAPO: the upper clip bound of a correct rollout grows to this as fewer rollouts succeed.
+    gapo_clip_high_max: float = 0.005
+    # Loss aggregation: token-mean, seq-mean-token-mean, seq-mean-token-sum or
+    # seq-mean-token-sum-norm (Dr. GRPO's constant: max_tokens per sequence).
+    aggregation: str = "token-mean"
+    # Entropy bonus weight (0 = off; the entropy is always logged).
+    entropy_coef: float = 0.0
+    # Passes over each batch and mini-batches per pass (optimizer steps per batch).
+    epochs: int = 1
+    mini_batches: int = 1
+    kl: KLSettings = field(default_factory=KLSettings)
+    dynamic_sampling: DynamicSampling = field(default_factory=DynamicSampling)
+    overlong: OverlongShaping = field(default_factory=OverlongShaping)
+    is_correction: ISCorrection = field(default_factory=ISCorrection)
+    prefix: PrefixSettings = field(default_factory=PrefixSettings)
+    replay: ReplaySettings = field(default_factory=ReplaySettings)
+
+    def __post_init__(self):
+        from gradient.advantages import advantage_names
+        from gradient.aggregation import aggregation_names
+        from gradient.losses import loss_names
+        _choice("algo.advantage", self.advantage, advantage_names())
+        _choice("algo.loss", self.loss, loss_names())
+        _choice("algo.aggregation", self.aggregation, aggregation_names())
+        if not (0 <= self.clip_low < 1 and self.clip_high >= 0):
+            raise BadInput(f"the clip range needs 0 <= clip_low < 1 and clip_high >= 0, got "
+                           f"clip_low={self.clip_low}, clip_high={self.clip_high}.")
+        if self.clip_low > self.clip_high and self.loss != "gapo":
+            raise BadInput(f"clip_low ({self.clip_low}) > clip_high ({self.clip_high}): the "
+                           f"clip range must not be narrower above 1 than below (DAPO's "
+                           f"clip-higher makes clip_high the larger one).")
+        if self.dual_clip is not None and not self.dual_clip > 1:
+            raise BadInput(f"algo.dual_clip must be > 1 (or null), got {self.dual_clip}.")
+        if self.std_eps < 0 or self.entropy_coef < 0:
+            raise BadInput("algo.std_eps and algo.entropy_coef must be >= 0.")
+        _positive("algo", self, "epochs", "mini_batches")
+
+
+@dataclass(frozen=True)
+class OptimSettings:
+    # AdamW on every parameter of the policy.
+    lr: float = 1e-5
+    beta1: float = 0.9
+    beta2: float = 0.999
+    weight_decay: float = 0.0
+    # Clip the gradient's global norm to this (0 = off).
+    grad_clip: float = 1.0
+
+    def __post_init__(self):
+        _positive("optim", self, "lr")
+        if self.grad_clip < 0 or self.weight_decay < 0:
+            raise BadInput("optim.grad_clip and optim.weight_decay must be >= 0.")
+
+
+@dataclass(frozen=True)
+class GRPORunConfig:
+    # The policy's starting point: a Hugging Face folder (e.g. from `es-llm testbed`).
+    model: str = ""
+    # Training prompts; a testbed model brings data/<task>_rl.jsonl, used when data is null.
+    task: TaskConfig = field(default_factory=TaskConfig)
+    # Rollout engine: auto (vLLM when installed), hf (the policy itself) or vllm.
+    backend: str = "auto"
+    steps: int = 100
+    seed: int = 0
+    # Save an HF checkpoint (plus optimizer and trainer state) every this many steps.
+    checkpoint_every: int = 20
+    # Rows per forward/backward pass; the loss is the same for any value (global counts).
+    micro_batch: int = 64
+    device: str = "cpu"
+    rollout: RolloutSettings = field(default_factory=RolloutSettings)
+    algo: AlgoSettings = field(default_factory=AlgoSettings)
+    optim: OptimSettings = field(default_factory=OptimSettings)
+
+    def __post_init__(self):
+        _choice("backend", self.backend, ("auto", "hf", "vllm"))
+        _choice("device", self.device, ("cpu", "cuda"))
+        for name in ("steps", "checkpoint_every", "micro_batch"):
+            if getattr(self, name) < 1:
+                raise BadInput(f"{name} must be at least 1, got {getattr(self, name)}.")
+        batch = self.rollout.prompts_per_step * self.rollout.group_size
+        if batch % self.algo.mini_batches:
+            raise BadInput(f"algo.mini_batches ({self.algo.mini_batches}) must divide the "
+                           f"rollouts per step (prompts_per_step x group_size = {batch}).")

@@ -1,0 +1,126 @@
+"""Build the GRPO loop's edges from a config: policy, optimizer, sampler, task, reference."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from es_llm.backends import require_vllm
+from es_llm.backends.vllm_backend import vllm_available
+from es_llm.errors import BadInput
+from es_llm.evaluate import check_model_path
+from es_llm.tasks import build_task
+from gradient.adaprefix import PrefixControllerConfig, PrefixState
+from gradient.config import GRPORunConfig
+from gradient.replay import AdvantageReplayBuffer, ReplayConfig
+from gradient.trainer import Edges, TrainerState
+
+
+def prefix_controller_config(cfg: GRPORunConfig) -> PrefixControllerConfig:
+    p = cfg.algo.prefix
+    try:
+        return PrefixControllerConfig(init_fraction=p.init_fraction, gain=p.gain, target=p.target,
+                                      ema=p.ema, withdraw_start_step=p.withdraw_start,
+                                      withdraw_end_step=p.withdraw_end)
+    except ValueError as exc:
+        raise BadInput(f"algo.prefix: {exc}.") from None
+
+
+def latest_checkpoint(out: Path) -> Path | None:
+    """The checkpoint of a run folder with the most steps (``trainer_state.pt`` present)."""
+    best, best_step = None, -1
+    for folder in (out / "checkpoints").glob("*"):
+        state = folder / "trainer_state.pt"
+        if state.is_file():
+            step = torch.load(state, map_location="cpu", weights_only=False)["step"]
+            if step > best_step:
+                best, best_step = folder, step
+    return best
+
+
+def _check_same_tokenizer(a, b, what: str) -> None:
+    if a.get_vocab() != b.get_vocab() or a.eos_token_id != b.eos_token_id:
+        raise BadInput(f"{what} has a different tokenizer from the policy (vocabulary or EOS "
+                       f"differ); log-probs of the same token ids would not be comparable. "
+                       f"Use a model trained with the policy's tokenizer.")
+
+
+def _check_references(problems: list, cfg: GRPORunConfig) -> None:
+    missing = [p.id for p in problems if not p.meta.get("reference")]
+    if missing:
+        raise BadInput(f"algo.prefix.enabled needs a reference solution for every training "
+                       f"problem, but {len(missing)} of {len(problems)} problems of task "
+                       f"{cfg.task.name!r} have none (e.g. {missing[0]!r}). Use a data file "
+                       f"with a 'reference' field (testbed data/*_rl.jsonl files have one) or "
+                       f"turn the prefix controller off.")
+
+
+def build(cfg: GRPORunConfig, resume_from: Path | None = None):
+    """``(edges, problems, state)``; with ``resume_from`` (a checkpoint folder) the policy,
+    optimizer, step, prefix controller and replay buffer continue from it."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    check_model_path(cfg.model)
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise BadInput("device 'cuda' was asked for but torch sees no CUDA device; use device=cpu.")
+    task = build_task(cfg.task)
+    problems = task.problems()
+    if not problems:
+        raise BadInput(f"task {cfg.task.name!r} gave no training problems (data={cfg.task.data!r}).")
+    if cfg.algo.prefix.enabled:
+        _check_references(problems, cfg)
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    start = str(resume_from) if resume_from is not None else cfg.model
+    tokenizer = AutoTokenizer.from_pretrained(cfg.model)
+    model = AutoModelForCausalLM.from_pretrained(start, dtype=torch.float32).to(cfg.device)
+    ref = None
+    if cfg.algo.kl.coef > 0:
+        ref_path = cfg.algo.kl.ref_model or cfg.model
+        check_model_path(ref_path)
+        _check_same_tokenizer(tokenizer, AutoTokenizer.from_pretrained(ref_path),
+                              f"the reference model {ref_path!r}")
+        ref = AutoModelForCausalLM.from_pretrained(ref_path, dtype=torch.float32).to(cfg.device)
+        ref.requires_grad_(False)
+    o = cfg.optim
+    optimizer = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=(o.beta1, o.beta2),
+                                  weight_decay=o.weight_decay)
+    state = TrainerState()
+    if cfg.algo.prefix.enabled:
+        prefix_controller_config(cfg)  # validates before any work
+        state.prefix = PrefixState()
+    if cfg.algo.replay.enabled:
+        r = cfg.algo.replay
+        try:
+            state.replay = AdvantageReplayBuffer(ReplayConfig(
+                tau_max=r.tau_max, capacity=r.capacity, alpha=r.alpha,
+                warmup_updates=r.warmup_updates))
+        except ValueError as exc:
+            raise BadInput(f"algo.replay: {exc}.") from None
+    if resume_from is not None:
+        saved = torch.load(resume_from / "trainer_state.pt", map_location=cfg.device,
+                           weights_only=False)
+        optimizer.load_state_dict(saved["optimizer"])
+        state.step, state.samples = saved["step"], saved["samples"]
+        if state.prefix is not None and saved["prefix"] is not None:
+            state.prefix = PrefixState.from_dict(saved["prefix"])
+        if state.replay is not None and saved["replay"] is not None:
+            state.replay.load_state_dict(saved["replay"])
+    use_vllm = cfg.backend == "vllm" or (cfg.backend == "auto" and vllm_available())
+    sync = None
+    if use_vllm:
+        require_vllm()
+        from es_llm.backends.vllm_backend import VLLMBackend
+        backend = VLLMBackend(start, seed=cfg.seed, logprobs_mode="processed",
+                              worker_extension=True)
+
+        def sync():
+            backend.push_weights({n: p.detach() for n, p in model.named_parameters()})
+    else:
+        from es_llm.backends.hf import HFBackend
+        backend = HFBackend(start, model=model, tokenizer=tokenizer, device=cfg.device,
+                            logprobs_mode="processed")
+    edges = Edges(model=model, tokenizer=tokenizer, backend=backend, task=task,
+                  optimizer=optimizer, ref_model=ref, sync=sync)
+    return edges, problems, state

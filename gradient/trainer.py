@@ -1,0 +1,257 @@
+"""The GRPO-family training loop: generate -> score -> advantages -> loss -> optimizer step.
+
+``step`` is one step, ``run`` the whole job. Every method difference is a registered function
+picked by name from the config (advantages, policy loss, aggregation, KL estimator) or a
+switch on the data side (dynamic sampling, overlong shaping, prefixes, replay); the loop
+itself has no per-method branches.
+
+Log-prob bookkeeping (the usual source of silent GRPO bugs):
+* ``engine_logp``: what the sampler reported for the sampled tokens (vLLM's processed
+  log-probs, or the HF loop's), at the rollout temperature;
+* ``old_logp``: the trainer's own log-probs before any update of this step, computed once
+  when a ratio can differ from 1 (several epochs or mini-batches, replay) or when the
+  trainer/engine mismatch is corrected; otherwise old = sg(current), so the ratio is 1 and
+  the gradient is the policy gradient;
+* the mismatch weight ``is_weight`` = f(old_logp - engine_logp) (TIS/MIS), frozen at birth
+  like ``old_logp`` for replayed rollouts.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from es_llm.config import dump_yaml
+from es_llm.io import complete_jsonl_rows, save_hf_checkpoint, write_text_atomic
+from gradient.advantages import AdvantageInput, compute_advantages
+from gradient.aggregation import aggregate
+from gradient.config import GRPORunConfig
+from gradient.kl import kl_estimate
+from gradient.logprobs import completion_logprobs
+from gradient.losses import LossInput, compute_loss, gapo_clip_high
+from gradient.rollout_correction import is_weights
+from gradient.rollouts import collect, derive_seed
+
+
+@dataclass
+class Edges:
+    """What the loop is handed: the policy and its optimizer, the sampler and its weight
+    sync, the task, and the frozen reference model (None without a KL term)."""
+
+    model: torch.nn.Module
+    tokenizer: object
+    backend: object
+    task: object
+    optimizer: torch.optim.Optimizer
+    ref_model: torch.nn.Module | None = None
+    # Pushes the policy's weights into the sampler after an update (None: the sampler is
+    # the policy itself).
+    sync: object = None
+
+
+@dataclass
+class TrainerState:
+    step: int = 0
+    # Rollouts generated so far (dropped groups included): the budget compared across methods.
+    samples: int = 0
+    prefix: object = None
+    replay: object = None
+
+
+def _pad(rows_B: list[list[float]], T: int, device) -> torch.Tensor:
+    out_B_T = torch.zeros((len(rows_B), T), dtype=torch.float32)
+    for i, r in enumerate(rows_B):
+        out_B_T[i, :len(r)] = torch.as_tensor(r, dtype=torch.float32)
+    return out_B_T.to(device)
+
+
+def make_rows(groups, cfg: GRPORunConfig) -> list[dict]:
+    """One training row per rollout, with its advantage (and GAPO clip bound)."""
+    a = cfg.algo
+    adv_P_G = compute_advantages(a.advantage, AdvantageInput(groups.rewards_P_G, std_eps=a.std_eps,
+                                                             unbiased_std=a.unbiased_std))
+    clip_high_P_G = (gapo_clip_high(groups.correct_P_G, a.clip_low, a.gapo_clip_high_max)
+                     if a.loss == "gapo" else None)
+    adv_B = adv_P_G.reshape(-1).tolist()
+    clip_B = clip_high_P_G.reshape(-1).tolist() if clip_high_P_G is not None else None
+    return [{"prompt_ids": groups.prompt_ids[b], "completion_ids": groups.completion_ids[b],
+             "engine_logp": groups.engine_logp[b], "adv": adv_B[b],
+             "clip_high": clip_B[b] if clip_B else None, "old_logp": None, "is_weight": None}
+            for b in range(len(adv_B))]
+
+
+def needs_old_logp(cfg: GRPORunConfig) -> bool:
+    a = cfg.algo
+    return (a.is_correction.mode != "none" or a.epochs > 1 or a.mini_batches > 1
+            or a.replay.enabled)
+
+
+@torch.no_grad()
+def freeze_behaviour(edges: Edges, rows: list[dict], cfg: GRPORunConfig) -> dict:
+    """Fill ``old_logp`` and the mismatch weight of fresh rows (before any update)."""
+    fresh = [r for r in rows if r["old_logp"] is None]
+    if not fresh or not needs_old_logp(cfg):
+        return {}
+    prompts, comps = [r["prompt_ids"] for r in fresh], [r["completion_ids"] for r in fresh]
+    old_B_T, _, mask_B_T = completion_logprobs(
+        edges.model, prompts, comps, temperature=cfg.rollout.temperature,
+        pad_id=edges.tokenizer.pad_token_id, with_entropy=False, micro_batch=cfg.micro_batch)
+    engine_B_T = _pad([r["engine_logp"] for r in fresh], old_B_T.shape[1], old_B_T.device)
+    c = cfg.algo.is_correction
+    w_B_T, m = is_weights(old_B_T, engine_B_T, mask_B_T, mode=c.mode, c_min=c.c_min,
+                          c_max=c.c_max)
+    for i, r in enumerate(fresh):
+        n = len(r["completion_ids"])
+        r["old_logp"] = old_B_T[i, :n].tolist()
+        r["is_weight"] = w_B_T[i, :n].tolist()
+    return {f"is/{k}": float(v) for k, v in m.items()}
+
+
+def _micro_loss(edges: Edges, rows: list[dict], cfg: GRPORunConfig, tokens: float, seqs: float):
+    """The loss of one micro-batch as its share of the mini-batch (global counts)."""
+    a = cfg.algo
+    prompts, comps = [r["prompt_ids"] for r in rows], [r["completion_ids"] for r in rows]
+    logp_B_T, ent_B_T, mask_B_T = completion_logprobs(
+        edges.model, prompts, comps, temperature=cfg.rollout.temperature,
+        pad_id=edges.tokenizer.pad_token_id, with_entropy=True)
+    T, dev = logp_B_T.shape[1], logp_B_T.device
+    frozen = rows[0]["old_logp"] is not None
+    old_B_T = _pad([r["old_logp"] for r in rows], T, dev) if frozen else logp_B_T.detach()
+    adv_B_T = torch.tensor([r["adv"] for r in rows], device=dev)[:, None] * mask_B_T
+    clip_B = (torch.tensor([r["clip_high"] for r in rows], dtype=torch.float64, device=dev)
+              if rows[0]["clip_high"] is not None else None)
+    inp = LossInput(logp_B_T=logp_B_T, old_logp_B_T=old_B_T, adv_B_T=adv_B_T, mask_B_T=mask_B_T,
+                    clip_low=a.clip_low, clip_high=a.clip_high, dual_clip=a.dual_clip,
+                    clip_high_B=clip_B,
+                    is_weight_B_T=_pad([r["is_weight"] for r in rows], T, dev) if frozen else None)
+    loss_B_T, m = compute_loss(a.loss, inp)
+    agg = dict(global_tokens=tokens, global_seqs=seqs, constant=cfg.rollout.max_tokens * seqs)
+    pg = aggregate(loss_B_T, mask_B_T, a.aggregation, **agg)
+    total = pg
+    entropy = aggregate(ent_B_T, mask_B_T, a.aggregation, **agg)
+    if a.entropy_coef:
+        total = total - a.entropy_coef * entropy
+    kl = torch.zeros(())
+    if edges.ref_model is not None:
+        with torch.no_grad():
+            ref_B_T, _, _ = completion_logprobs(edges.ref_model, prompts, comps,
+                                                temperature=cfg.rollout.temperature,
+                                                pad_id=edges.tokenizer.pad_token_id,
+                                                with_entropy=False)
+        kl = aggregate(kl_estimate(a.kl.estimator, logp_B_T, ref_B_T), mask_B_T, a.aggregation,
+                       **agg)
+        total = total + a.kl.coef * kl
+    total.backward()
+    share = float(mask_B_T.sum()) / max(tokens, 1.0)
+    stats = {"grad/loss": float(total.detach()), "grad/pg_loss": float(pg.detach()),
+             "grad/entropy": float(entropy.detach()), "grad/kl": float(kl.detach())}
+    stats.update({f"grad/{k}": float(v) * share for k, v in m.items()})
+    return stats
+
+
+def policy_update(edges: Edges, rows: list[dict], cfg: GRPORunConfig, step: int) -> dict:
+    """``epochs`` passes of ``mini_batches`` optimizer steps over ``rows``; metrics are
+    summed over micro-batches (they are shares of the mini-batch) and averaged over updates."""
+    a = cfg.algo
+    totals: dict[str, float] = {}
+    updates = 0
+    for epoch in range(a.epochs):
+        order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(
+            derive_seed(cfg.seed, "shuffle", step, epoch))).tolist()
+        size = -(-len(rows) // a.mini_batches)
+        for start in range(0, len(rows), size):
+            mini = [rows[i] for i in order[start:start + size]]
+            tokens = float(sum(len(r["completion_ids"]) for r in mini))
+            edges.optimizer.zero_grad(set_to_none=True)
+            acc: dict[str, float] = {}
+            for s in range(0, len(mini), cfg.micro_batch):
+                part = _micro_loss(edges, mini[s:s + cfg.micro_batch], cfg, tokens, len(mini))
+                for k, v in part.items():
+                    acc[k] = acc.get(k, 0.0) + v
+            params = [p for p in edges.model.parameters() if p.grad is not None]
+            norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip or float("inf"))
+            edges.optimizer.step()
+            acc["grad/grad_norm"] = float(norm)
+            for k, v in acc.items():
+                totals[k] = totals.get(k, 0.0) + v
+            updates += 1
+    return {k: v / max(updates, 1) for k, v in totals.items()} | {"grad/updates": float(updates)}
+
+
+def step(edges: Edges, cfg: GRPORunConfig, state: TrainerState, problems: list):
+    """One training step; returns the new state and the step's metrics."""
+    t0 = time.perf_counter()
+    prefix_cfg = None
+    if cfg.algo.prefix.enabled:
+        from gradient.setup import prefix_controller_config
+        prefix_cfg = prefix_controller_config(cfg)
+    groups, state.prefix, metrics = collect(edges, problems, cfg, state.step, state.prefix,
+                                            prefix_cfg)
+    state.samples += int(metrics.pop("samples/step"))
+    t_gen = time.perf_counter() - t0
+    rows = make_rows(groups, cfg) if groups.problems else []
+    metrics.update(freeze_behaviour(edges, rows, cfg))
+    if state.replay is not None:
+        # The version of a rollout is the step it was born in (one update per step unless
+        # mini_batches > 1); compose evicts by age, keeps every fresh rollout, adds replayed.
+        fresh = len(rows)
+        gen = torch.Generator().manual_seed(derive_seed(cfg.seed, "replay", state.step))
+        items = state.replay.compose([(r, r["adv"]) for r in rows], cfg.algo.replay.replay_ratio,
+                                     state.step, gen)
+        rows = [it.payload for it in items]
+        metrics.update({"replay/size": float(len(state.replay)),
+                        "replay/used": float(len(rows) - fresh)})
+    t1 = time.perf_counter()
+    if rows:
+        metrics.update(policy_update(edges, rows, cfg, state.step))
+        if edges.sync is not None:
+            edges.sync()
+    state.step += 1
+    t2 = time.perf_counter()
+    tokens = sum(len(r["completion_ids"]) for r in rows)
+    metrics.update({"samples/generated": float(state.samples), "perf/gen_s": t_gen,
+                    "perf/train_s": t2 - t1, "perf/step_s": t2 - t0,
+                    "perf/tokens_per_s": tokens / max(t2 - t0, 1e-9)})
+    return state, metrics
+
+
+def save(edges: Edges, cfg: GRPORunConfig, state: TrainerState, folder: Path) -> None:
+    """An HF checkpoint plus ``trainer_state.pt``: optimizer, step (the data position),
+    sample count, prefix controller and replay buffer, enough for ``--resume``."""
+    def extra(tmp: Path) -> None:
+        torch.save({"step": state.step, "samples": state.samples,
+                    "optimizer": edges.optimizer.state_dict(),
+                    "prefix": state.prefix.to_dict() if state.prefix is not None else None,
+                    "replay": state.replay.state_dict() if state.replay is not None else None},
+                   tmp / "trainer_state.pt")
+    save_hf_checkpoint(edges.model, edges.tokenizer, folder, data_from=cfg.model, extra=extra)
+
+
+def run(cfg: GRPORunConfig, edges: Edges, problems: list, out: Path, state: TrainerState,
+        progress: bool = True) -> TrainerState:
+    """Train up to ``cfg.steps`` from ``state`` (a fresh one, or one restored by resume)."""
+    out.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(out / "config.yaml", dump_yaml(cfg))
+    kept = [m for m in complete_jsonl_rows(out / "metrics.jsonl") if m.get("step", 0) < state.step]
+    write_text_atomic(out / "metrics.jsonl", "".join(json.dumps(m) + "\n" for m in kept))
+    bar = tqdm(range(state.step, cfg.steps), desc="grpo", unit="step", disable=not progress,
+               initial=state.step, total=cfg.steps)
+    with open(out / "metrics.jsonl", "a") as log:
+        for it in bar:
+            state, metrics = step(edges, cfg, state, problems)
+            log.write(json.dumps({"step": it, **metrics}) + "\n")
+            log.flush()
+            bar.write(f"step {it:4d}  reward {metrics['reward/mean']:.3f}  "
+                      f"correct {metrics['reward/correct']:.3f}  "
+                      f"loss {metrics.get('grad/loss', 0.0):+.4f}  "
+                      f"clip {metrics.get('grad/clipfrac', 0.0):.3f}  "
+                      f"{metrics['perf/step_s']:.1f} s")
+            if (it + 1) % cfg.checkpoint_every == 0 and it + 1 < cfg.steps:
+                save(edges, cfg, state, out / "checkpoints" / f"step_{it + 1}")
+    save(edges, cfg, state, out / "checkpoints" / "final")
+    return state
