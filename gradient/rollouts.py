@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from es_llm.backends.base import SamplingParams
+from es_llm.errors import BadInput
 from gradient import adaprefix, dapo
 from gradient.config import GRPORunConfig
 
@@ -24,6 +25,17 @@ def derive_seed(*parts) -> int:
     """A 31-bit seed that is a pure function of ``parts`` (run seed, step, round...)."""
     digest = hashlib.blake2b(":".join(map(str, parts)).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") & 0x7FFFFFFF
+
+
+def prefix_controller_config(cfg: GRPORunConfig) -> adaprefix.PrefixControllerConfig:
+    """The AdaPrefix controller's settings from the run config (BadInput when invalid)."""
+    p = cfg.algo.prefix
+    try:
+        return adaprefix.PrefixControllerConfig(
+            init_fraction=p.init_fraction, gain=p.gain, target=p.target, ema=p.ema,
+            withdraw_start_step=p.withdraw_start, withdraw_end_step=p.withdraw_end)
+    except ValueError as exc:
+        raise BadInput(f"algo.prefix: {exc}.") from None
 
 
 @dataclass

@@ -12,20 +12,11 @@ from es_llm.backends.vllm_backend import vllm_available
 from es_llm.errors import BadInput
 from es_llm.evaluate import check_model_path
 from es_llm.tasks import build_task
-from gradient.adaprefix import PrefixControllerConfig, PrefixState
+from gradient.adaprefix import PrefixState
 from gradient.config import GRPORunConfig
 from gradient.replay import AdvantageReplayBuffer, ReplayConfig
+from gradient.rollouts import prefix_controller_config
 from gradient.trainer import Edges, TrainerState
-
-
-def prefix_controller_config(cfg: GRPORunConfig) -> PrefixControllerConfig:
-    p = cfg.algo.prefix
-    try:
-        return PrefixControllerConfig(init_fraction=p.init_fraction, gain=p.gain, target=p.target,
-                                      ema=p.ema, withdraw_start_step=p.withdraw_start,
-                                      withdraw_end_step=p.withdraw_end)
-    except ValueError as exc:
-        raise BadInput(f"algo.prefix: {exc}.") from None
 
 
 def latest_checkpoint(out: Path) -> Path | None:

@@ -35,7 +35,7 @@ from gradient.kl import kl_estimate
 from gradient.logprobs import completion_logprobs
 from gradient.losses import LossInput, compute_loss, gapo_clip_high
 from gradient.rollout_correction import is_weights
-from gradient.rollouts import collect, derive_seed
+from gradient.rollouts import collect, derive_seed, prefix_controller_config
 
 
 @dataclass
@@ -186,10 +186,7 @@ def policy_update(edges: Edges, rows: list[dict], cfg: GRPORunConfig, step: int)
 def step(edges: Edges, cfg: GRPORunConfig, state: TrainerState, problems: list):
     """One training step; returns the new state and the step's metrics."""
     t0 = time.perf_counter()
-    prefix_cfg = None
-    if cfg.algo.prefix.enabled:
-        from gradient.setup import prefix_controller_config
-        prefix_cfg = prefix_controller_config(cfg)
+    prefix_cfg = prefix_controller_config(cfg) if cfg.algo.prefix.enabled else None
     groups, state.prefix, metrics = collect(edges, problems, cfg, state.step, state.prefix,
                                             prefix_cfg)
     state.samples += int(metrics.pop("samples/step"))
