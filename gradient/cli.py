@@ -1,30 +1,39 @@
-"""``es-llm grpo``: the GRPO-family trainer on the command line (registered with the core CLI
-through the ``es_llm.commands`` entry point)."""
+"""``es-llm grpo`` and ``es-llm opd``: the GRPO-family trainer on the command line, registered
+with the core CLI through the ``es_llm.commands`` entry point. ``opd`` is the same trainer
+with a teacher (``algo.distill``); it only insists that one is configured."""
 
 from __future__ import annotations
 
 import argparse
-import textwrap
+
 from es_llm.errors import BadInput
 
 
+GRPO_DESCRIPTION = """\
+Train a model with a policy-gradient method of the GRPO family: each step samples G
+rollouts for each of P training prompts (vLLM or the HF loop), scores them with the task's
+verifier, turns rewards into advantages and takes optimizer steps on the clipped policy
+loss. The method is chosen in the config (see configs/grpo_*.yaml): algo.advantage,
+algo.loss, algo.aggregation, algo.kl, algo.dynamic_sampling, algo.overlong, algo.prefix,
+algo.replay. Writes DIR/config.yaml, metrics.jsonl and checkpoints/ (HF folders with the
+optimizer state)."""
+
+OPD_DESCRIPTION = """\
+On-policy distillation: the GRPO-family trainer with a teacher that scores the student's
+own rollouts. With algo.distill.method=opd every sampled token's advantage is the
+teacher's reverse KL on it, -(log pi_student - log pi_teacher), plus reward_coef times the
+group-centred task reward. The teacher (algo.distill.teacher) must share the student's
+tokenizer. Outputs as `es-llm grpo`, plus distill/* metrics (distill/reverse_kl)."""
+
+
 class GRPOCommand:
-    name = "grpo"
+    def __init__(self, name: str, help: str, description: str, needs_teacher: bool):
+        self.name, self.help, self.description = name, help, description
+        self.needs_teacher = needs_teacher
 
     def add_parser(self, sub, add_common) -> None:
-        p = sub.add_parser(
-            self.name, help="GRPO-family RL baseline (GRPO, Dr. GRPO, DAPO, GSPO, GAPO, "
-                            "AdaPrefix-GRPO, rollout replay) on one machine",
-            description=textwrap.dedent("""\
-                Train a model with a policy-gradient method of the GRPO family: each step
-                samples G rollouts for each of P training prompts (vLLM or the HF loop),
-                scores them with the task's verifier, turns rewards into advantages and
-                takes optimizer steps on the clipped policy loss. The method is chosen in
-                the config (see configs/grpo_*.yaml): algo.advantage, algo.loss,
-                algo.aggregation, algo.kl, algo.dynamic_sampling, algo.overlong,
-                algo.prefix, algo.replay. Writes DIR/config.yaml, metrics.jsonl and
-                checkpoints/ (HF folders with the optimizer state)."""),
-            formatter_class=argparse.RawDescriptionHelpFormatter)
+        p = sub.add_parser(self.name, help=self.help, description=self.description,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
         p.add_argument("--model", help="base model folder (overrides the config's model)")
         p.add_argument("--resume", metavar="DIR",
                        help="continue the run in DIR from its latest checkpoint: weights, "
@@ -42,13 +51,16 @@ class GRPOCommand:
         from gradient.trainer import run
 
         flags = {"model": args.model} if args.model is not None else {}
-        out, config_path = run_folder(args, "a grpo", "grpo", ("config.yaml",))
+        out, config_path = run_folder(args, f"a {self.name}", self.name, ("config.yaml",))
         checkpoint = latest_checkpoint(out) if args.resume else None
         if args.resume and checkpoint is None:
             raise BadInput(f"--resume {args.resume!r}: the run has no checkpoint with "
                            f"trainer_state.pt yet; start it again with --out.")
         cfg = resolve_training_data(load_config(GRPORunConfig, path=config_path, flags=flags,
                                                 overrides=args.overrides))
+        if self.needs_teacher and cfg.algo.distill.method == "none":
+            raise BadInput(f"es-llm {self.name} needs a distillation method: set "
+                           f"algo.distill.method (valid: opd) and algo.distill.teacher.")
         edges, problems, state = build(cfg, checkpoint)
         try:
             run(cfg, edges, problems, out, state, progress=not args.no_progress)
@@ -56,4 +68,9 @@ class GRPOCommand:
             edges.task.close()
 
 
-GRPO_COMMAND = GRPOCommand()
+GRPO_COMMAND = GRPOCommand(
+    "grpo", "GRPO-family RL baseline (GRPO, Dr. GRPO, DAPO, GSPO, GAPO, AdaPrefix-GRPO, "
+            "rollout replay) on one machine", GRPO_DESCRIPTION, needs_teacher=False)
+OPD_COMMAND = GRPOCommand(
+    "opd", "on-policy distillation from a teacher on the student's own rollouts",
+    OPD_DESCRIPTION, needs_teacher=True)

@@ -129,6 +129,27 @@ class ReplaySettings:
 
 
 @dataclass(frozen=True)
+class DistillSettings:
+    # On-policy distillation: none, or opd (the teacher's per-token reverse KL on the sampled
+    # tokens, -(log pi_S - log pi_T), as the advantage; Thinking Machines / Tinker form).
+    method: str = "none"
+    # The teacher: a Hugging Face folder whose tokenizer is the student's.
+    teacher: str = ""
+    # Advantage = reward_coef * (group-centred task reward) + kl_coef * distillation advantage.
+    kl_coef: float = 1.0
+    reward_coef: float = 0.0
+
+    def __post_init__(self):
+        _choice("algo.distill.method", self.method, ("none", "opd"))
+        if self.method != "none" and not self.teacher:
+            raise BadInput(f"algo.distill.method={self.method!r} needs a teacher model: set "
+                           f"algo.distill.teacher to a Hugging Face folder with the student's "
+                           f"tokenizer.")
+        if self.kl_coef < 0 or self.reward_coef < 0:
+            raise BadInput("algo.distill.kl_coef and algo.distill.reward_coef must be >= 0.")
+
+
+@dataclass(frozen=True)
 class AlgoSettings:
     # Advantage estimator: grpo (group z-score), dr_grpo (no std) or rloo.
     advantage: str = "grpo"
@@ -158,6 +179,7 @@ class AlgoSettings:
     is_correction: ISCorrection = field(default_factory=ISCorrection)
     prefix: PrefixSettings = field(default_factory=PrefixSettings)
     replay: ReplaySettings = field(default_factory=ReplaySettings)
+    distill: DistillSettings = field(default_factory=DistillSettings)
 
     def __post_init__(self):
         from gradient.advantages import advantage_names

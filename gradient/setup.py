@@ -74,6 +74,13 @@ def build(cfg: GRPORunConfig, resume_from: Path | None = None):
                               f"the reference model {ref_path!r}")
         ref = AutoModelForCausalLM.from_pretrained(ref_path, dtype=torch.float32).to(cfg.device)
         ref.requires_grad_(False)
+    teacher = None
+    if cfg.algo.distill.method != "none":
+        t = cfg.algo.distill.teacher
+        check_model_path(t)
+        _check_same_tokenizer(tokenizer, AutoTokenizer.from_pretrained(t), f"the teacher {t!r}")
+        teacher = AutoModelForCausalLM.from_pretrained(t, dtype=torch.float32).to(cfg.device)
+        teacher.requires_grad_(False)
     o = cfg.optim
     optimizer = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=(o.beta1, o.beta2),
                                   weight_decay=o.weight_decay)
@@ -113,5 +120,5 @@ def build(cfg: GRPORunConfig, resume_from: Path | None = None):
         backend = HFBackend(start, model=model, tokenizer=tokenizer, device=cfg.device,
                             logprobs_mode="processed")
     edges = Edges(model=model, tokenizer=tokenizer, backend=backend, task=task,
-                  optimizer=optimizer, ref_model=ref, sync=sync)
+                  optimizer=optimizer, ref_model=ref, sync=sync, teacher=teacher)
     return edges, problems, state

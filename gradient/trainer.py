@@ -31,6 +31,7 @@ from es_llm.io import complete_jsonl_rows, save_hf_checkpoint, write_text_atomic
 from gradient.advantages import AdvantageInput, compute_advantages
 from gradient.aggregation import aggregate
 from gradient.config import GRPORunConfig
+from gradient.distill.opd import combine_with_reward, reverse_kl_advantage
 from gradient.kl import kl_estimate
 from gradient.logprobs import completion_logprobs
 from gradient.losses import LossInput, compute_loss, gapo_clip_high
@@ -52,6 +53,8 @@ class Edges:
     # Pushes the policy's weights into the sampler after an update (None: the sampler is
     # the policy itself).
     sync: object = None
+    # The frozen teacher of on-policy distillation (None without distillation).
+    teacher: torch.nn.Module | None = None
 
 
 @dataclass
@@ -112,6 +115,31 @@ def freeze_behaviour(edges: Edges, rows: list[dict], cfg: GRPORunConfig) -> dict
     return {f"is/{k}": float(v) for k, v in m.items()}
 
 
+@torch.no_grad()
+def distill_advantages(edges: Edges, rows: list[dict], cfg: GRPORunConfig) -> dict:
+    """Per-token OPD advantages for fresh rows: the teacher scores the student's own rollouts
+    and ``adv_t = reward_coef * A_reward + kl_coef * -(log pi_S(o_t) - log pi_T(o_t))``, with
+    the student's log-probs those of the sampler (frozen at birth, like the rollout)."""
+    fresh = [r for r in rows if r.get("adv_tokens") is None]
+    if not fresh:
+        return {}
+    d = cfg.algo.distill
+    teacher_B_T, _, mask_B_T = completion_logprobs(
+        edges.teacher, [r["prompt_ids"] for r in fresh], [r["completion_ids"] for r in fresh],
+        temperature=cfg.rollout.temperature, pad_id=edges.tokenizer.pad_token_id,
+        with_entropy=False, micro_batch=cfg.micro_batch)
+    T, dev = teacher_B_T.shape[1], teacher_B_T.device
+    student_B_T = _pad([r["engine_logp"] for r in fresh], T, dev)
+    adv_kl_B_T = reverse_kl_advantage(student_B_T, teacher_B_T, mask_B_T)
+    reward_B = d.reward_coef * torch.tensor([r["adv"] for r in fresh], device=dev)
+    adv_B_T = combine_with_reward(adv_kl_B_T, reward_B, mask_B_T, d.kl_coef)
+    for i, r in enumerate(fresh):
+        r["adv_tokens"] = adv_B_T[i, :len(r["completion_ids"])].tolist()
+    tokens = mask_B_T.sum().clamp(min=1)
+    return {"distill/reverse_kl": float(-(adv_kl_B_T * mask_B_T).sum() / tokens),
+            "distill/teacher_logp": float((teacher_B_T * mask_B_T).sum() / tokens)}
+
+
 def _micro_loss(edges: Edges, rows: list[dict], cfg: GRPORunConfig, tokens: float, seqs: float):
     """The loss of one micro-batch as its share of the mini-batch (global counts)."""
     a = cfg.algo
@@ -122,7 +150,10 @@ def _micro_loss(edges: Edges, rows: list[dict], cfg: GRPORunConfig, tokens: floa
     T, dev = logp_B_T.shape[1], logp_B_T.device
     frozen = rows[0]["old_logp"] is not None
     old_B_T = _pad([r["old_logp"] for r in rows], T, dev) if frozen else logp_B_T.detach()
-    adv_B_T = torch.tensor([r["adv"] for r in rows], device=dev)[:, None] * mask_B_T
+    if rows[0].get("adv_tokens") is not None:  # per-token advantages (distillation)
+        adv_B_T = _pad([r["adv_tokens"] for r in rows], T, dev)
+    else:
+        adv_B_T = torch.tensor([r["adv"] for r in rows], device=dev)[:, None] * mask_B_T
     clip_B = (torch.tensor([r["clip_high"] for r in rows], dtype=torch.float64, device=dev)
               if rows[0]["clip_high"] is not None else None)
     inp = LossInput(logp_B_T=logp_B_T, old_logp_B_T=old_B_T, adv_B_T=adv_B_T, mask_B_T=mask_B_T,
@@ -193,6 +224,8 @@ def step(edges: Edges, cfg: GRPORunConfig, state: TrainerState, problems: list):
     t_gen = time.perf_counter() - t0
     rows = make_rows(groups, cfg) if groups.problems else []
     metrics.update(freeze_behaviour(edges, rows, cfg))
+    if edges.teacher is not None:
+        metrics.update(distill_advantages(edges, rows, cfg))
     if state.replay is not None:
         # The version of a rollout is the step it was born in (one update per step unless
         # mini_batches > 1); compose evicts by age, keeps every fresh rollout, adds replayed.

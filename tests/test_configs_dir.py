@@ -24,7 +24,7 @@ def test_testbed_presets_load():
     assert load_testbed_config("default").size == "default"
 
 
-GRADIENT_PREFIXES = ("grpo_", "dapo_", "gspo_", "gapo_", "adaprefix_", "replay_")
+GRADIENT_PREFIXES = ("grpo_", "dapo_", "gspo_", "gapo_", "adaprefix_", "replay_", "opd_")
 
 
 @pytest.mark.parametrize("path", sorted(p for p in CONFIGS.glob("*.yaml")
@@ -32,12 +32,12 @@ GRADIENT_PREFIXES = ("grpo_", "dapo_", "gspo_", "gapo_", "adaprefix_", "replay_"
                          ids=lambda p: p.name)
 def test_grpo_family_configs_load_and_are_exercised(path):
     from gradient.config import GRPORunConfig
-    from test_grpo_trainer import VARIANTS
+    from test_grpo_trainer import OPD_CONFIGS, VARIANTS
 
     cfg = load_config(GRPORunConfig, path=path)
     assert cfg.rollout.group_size >= 2
     # Every shipped variant runs end to end in test_grpo_trainer (the ci one is its base).
-    assert path.name in VARIANTS or path.name == "grpo_countdown_ci.yaml"
+    assert path.name in VARIANTS + OPD_CONFIGS or path.name == "grpo_countdown_ci.yaml"
 
 
 def test_every_config_belongs_to_a_command():

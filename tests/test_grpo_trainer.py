@@ -24,6 +24,7 @@ CI_CONFIG = ROOT / "configs" / "grpo_countdown_ci.yaml"
 VARIANTS = ["grpo_countdown.yaml", "grpo_dr_countdown.yaml", "grpo_rloo_countdown.yaml",
             "dapo_countdown.yaml", "gspo_countdown.yaml", "gapo_countdown.yaml",
             "adaprefix_countdown.yaml", "replay_countdown.yaml"]
+OPD_CONFIGS = ["opd_countdown.yaml", "opd_countdown_ci.yaml"]
 
 
 def grpo_cli(*args, timeout=900) -> subprocess.CompletedProcess:
@@ -223,3 +224,50 @@ def test_grpo_on_cuda_raises_a_dense_reward(ci_testbed, tmp_path):
     print(r)
     assert r["after"] > r["before"] + 0.05, r
     assert r["params_changed"] == r["params"]
+
+
+def _perturbed_copy(ci_testbed, folder, scale):
+    """The ci model with seeded noise on every weight, saved with its tokenizer: a teacher
+    or reference that differs from the student but shares its tokenizer."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    model = AutoModelForCausalLM.from_pretrained(ci_testbed)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(scale * torch.randn(p.shape, generator=g))
+    model.save_pretrained(folder)
+    AutoTokenizer.from_pretrained(ci_testbed).save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", OPD_CONFIGS)
+def test_opd_lowers_the_students_reverse_kl_to_the_teacher(name, ci_testbed, tmp_path):
+    teacher = _perturbed_copy(ci_testbed, tmp_path / "teacher", 0.05)
+    out = tmp_path / "run"
+    overrides = [f"model={ci_testbed}", f"algo.distill.teacher={teacher}", "backend=hf",
+                 "steps=12", "rollout.prompts_per_step=8", "rollout.group_size=4",
+                 "rollout.max_tokens=32", "checkpoint_every=100", "optim.lr=1e-3"]
+    assert main(["opd", "--config", str(ROOT / "configs" / name), "--out", str(out),
+                 "--no-progress", *overrides]) == 0
+    kl = [json.loads(x)["distill/reverse_kl"]
+          for x in (out / "metrics.jsonl").read_text().splitlines()]
+    print(kl)
+    assert kl[0] > 0.05 and sum(kl[-3:]) / 3 < 0.7 * kl[0], kl
+
+
+def test_opd_needs_a_teacher_with_the_students_tokenizer(ci_testbed, tmp_path, capsys):
+    base = ["opd", "--config", str(ROOT / "configs" / "opd_countdown_ci.yaml"), "--out",
+            str(tmp_path / "r"), f"model={ci_testbed}"]
+    assert main([*base, "algo.distill.method=none"]) == 2
+    assert "needs a distillation method" in capsys.readouterr().err
+    assert main([*base, "algo.distill.teacher="]) == 2
+    assert "needs a teacher model" in capsys.readouterr().err
+    from transformers import AutoTokenizer
+    other = _perturbed_copy(ci_testbed, tmp_path / "other", 0.0)
+    tok = AutoTokenizer.from_pretrained(ci_testbed)
+    tok.add_tokens(["<extra>"])
+    tok.save_pretrained(other)
+    assert main([*base, f"algo.distill.teacher={other}"]) == 2
+    assert "different tokenizer" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
