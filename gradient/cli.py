@@ -60,7 +60,7 @@ class GRPOCommand:
                                                 overrides=args.overrides))
         if self.needs_teacher and cfg.algo.distill.method == "none":
             raise BadInput(f"es-llm {self.name} needs a distillation method: set "
-                           f"algo.distill.method (valid: opd) and algo.distill.teacher.")
+                           f"algo.distill.method (opd or ra_opd) and algo.distill.teacher.")
         edges, problems, state = build(cfg, checkpoint)
         try:
             run(cfg, edges, problems, out, state, progress=not args.no_progress)

@@ -130,8 +130,9 @@ class ReplaySettings:
 
 @dataclass(frozen=True)
 class DistillSettings:
-    # On-policy distillation: none, or opd (the teacher's per-token reverse KL on the sampled
-    # tokens, -(log pi_S - log pi_T), as the advantage; Thinking Machines / Tinker form).
+    # On-policy distillation: none, opd (the teacher's per-token reverse KL on the sampled
+    # tokens, -(log pi_S - log pi_T), as the advantage; Thinking Machines / Tinker form) or
+    # ra_opd (opd on the rollouts whose distillation return agrees with the outcome).
     method: str = "none"
     # The teacher: a Hugging Face folder whose tokenizer is the student's.
     teacher: str = ""
@@ -140,7 +141,8 @@ class DistillSettings:
     reward_coef: float = 0.0
 
     def __post_init__(self):
-        _choice("algo.distill.method", self.method, ("none", "opd"))
+        from gradient.distill.methods import distill_method_names
+        _choice("algo.distill.method", self.method, ["none", *distill_method_names()])
         if self.method != "none" and not self.teacher:
             raise BadInput(f"algo.distill.method={self.method!r} needs a teacher model: set "
                            f"algo.distill.teacher to a Hugging Face folder with the student's "

@@ -31,7 +31,7 @@ from es_llm.io import complete_jsonl_rows, save_hf_checkpoint, write_text_atomic
 from gradient.advantages import AdvantageInput, compute_advantages
 from gradient.aggregation import aggregate
 from gradient.config import GRPORunConfig
-from gradient.distill.opd import combine_with_reward, reverse_kl_advantage
+from gradient.distill.methods import DistillInput, run_distill
 from gradient.kl import kl_estimate
 from gradient.logprobs import completion_logprobs
 from gradient.losses import LossInput, compute_loss, gapo_clip_high
@@ -82,8 +82,9 @@ def make_rows(groups, cfg: GRPORunConfig) -> list[dict]:
                      if a.loss == "gapo" else None)
     adv_B = adv_P_G.reshape(-1).tolist()
     clip_B = clip_high_P_G.reshape(-1).tolist() if clip_high_P_G is not None else None
+    reward_B = groups.rewards_P_G.reshape(-1).tolist()
     return [{"prompt_ids": groups.prompt_ids[b], "completion_ids": groups.completion_ids[b],
-             "engine_logp": groups.engine_logp[b], "adv": adv_B[b],
+             "engine_logp": groups.engine_logp[b], "adv": adv_B[b], "reward": reward_B[b],
              "clip_high": clip_B[b] if clip_B else None, "old_logp": None, "is_weight": None}
             for b in range(len(adv_B))]
 
@@ -116,13 +117,13 @@ def freeze_behaviour(edges: Edges, rows: list[dict], cfg: GRPORunConfig) -> dict
 
 
 @torch.no_grad()
-def distill_advantages(edges: Edges, rows: list[dict], cfg: GRPORunConfig) -> dict:
-    """Per-token OPD advantages for fresh rows: the teacher scores the student's own rollouts
-    and ``adv_t = reward_coef * A_reward + kl_coef * -(log pi_S(o_t) - log pi_T(o_t))``, with
-    the student's log-probs those of the sampler (frozen at birth, like the rollout)."""
+def distill_advantages(edges: Edges, rows: list[dict], cfg: GRPORunConfig):
+    """The distillation method's per-token advantages for fresh rows (the teacher scores the
+    student's own rollouts; the student's log-probs are the sampler's, frozen at birth like
+    the rollout); returns the rows it keeps and its metrics."""
     fresh = [r for r in rows if r.get("adv_tokens") is None]
     if not fresh:
-        return {}
+        return rows, {}
     d = cfg.algo.distill
     teacher_B_T, _, mask_B_T = completion_logprobs(
         edges.teacher, [r["prompt_ids"] for r in fresh], [r["completion_ids"] for r in fresh],
@@ -130,14 +131,19 @@ def distill_advantages(edges: Edges, rows: list[dict], cfg: GRPORunConfig) -> di
         with_entropy=False, micro_batch=cfg.micro_batch)
     T, dev = teacher_B_T.shape[1], teacher_B_T.device
     student_B_T = _pad([r["engine_logp"] for r in fresh], T, dev)
-    adv_kl_B_T = reverse_kl_advantage(student_B_T, teacher_B_T, mask_B_T)
-    reward_B = d.reward_coef * torch.tensor([r["adv"] for r in fresh], device=dev)
-    adv_B_T = combine_with_reward(adv_kl_B_T, reward_B, mask_B_T, d.kl_coef)
+    out = run_distill(d.method, DistillInput(
+        student_logp_B_T=student_B_T, teacher_logp_B_T=teacher_B_T, mask_B_T=mask_B_T,
+        reward_adv_B=torch.tensor([r["adv"] for r in fresh], device=dev),
+        reward_B=torch.tensor([r["reward"] for r in fresh], device=dev),
+        kl_coef=d.kl_coef, reward_coef=d.reward_coef))
     for i, r in enumerate(fresh):
-        r["adv_tokens"] = adv_B_T[i, :len(r["completion_ids"])].tolist()
+        r["adv_tokens"] = out.adv_B_T[i, :len(r["completion_ids"])].tolist()
+    dropped = {id(r) for r, k in zip(fresh, out.keep_B.tolist()) if not k}
     tokens = mask_B_T.sum().clamp(min=1)
-    return {"distill/reverse_kl": float(-(adv_kl_B_T * mask_B_T).sum() / tokens),
-            "distill/teacher_logp": float((teacher_B_T * mask_B_T).sum() / tokens)}
+    metrics = {"distill/reverse_kl": float(((student_B_T - teacher_B_T) * mask_B_T).sum() / tokens),
+               "distill/teacher_logp": float((teacher_B_T * mask_B_T).sum() / tokens)}
+    metrics.update({f"distill/{k}": v for k, v in out.metrics.items()})
+    return [r for r in rows if id(r) not in dropped], metrics
 
 
 def _micro_loss(edges: Edges, rows: list[dict], cfg: GRPORunConfig, tokens: float, seqs: float):
@@ -225,7 +231,8 @@ def step(edges: Edges, cfg: GRPORunConfig, state: TrainerState, problems: list):
     rows = make_rows(groups, cfg) if groups.problems else []
     metrics.update(freeze_behaviour(edges, rows, cfg))
     if edges.teacher is not None:
-        metrics.update(distill_advantages(edges, rows, cfg))
+        rows, distill_metrics = distill_advantages(edges, rows, cfg)
+        metrics.update(distill_metrics)
     if state.replay is not None:
         # The version of a rollout is the step it was born in (one update per step unless
         # mini_batches > 1); compose evicts by age, keeps every fresh rollout, adds replayed.

@@ -24,7 +24,7 @@ CI_CONFIG = ROOT / "configs" / "grpo_countdown_ci.yaml"
 VARIANTS = ["grpo_countdown.yaml", "grpo_dr_countdown.yaml", "grpo_rloo_countdown.yaml",
             "dapo_countdown.yaml", "gspo_countdown.yaml", "gapo_countdown.yaml",
             "adaprefix_countdown.yaml", "replay_countdown.yaml"]
-OPD_CONFIGS = ["opd_countdown.yaml", "opd_countdown_ci.yaml"]
+OPD_CONFIGS = ["opd_countdown.yaml", "opd_countdown_ci.yaml", "opd_ra_countdown.yaml"]
 
 
 def grpo_cli(*args, timeout=900) -> subprocess.CompletedProcess:
@@ -250,10 +250,12 @@ def test_opd_lowers_the_students_reverse_kl_to_the_teacher(name, ci_testbed, tmp
                  "rollout.max_tokens=32", "checkpoint_every=100", "optim.lr=1e-3"]
     assert main(["opd", "--config", str(ROOT / "configs" / name), "--out", str(out),
                  "--no-progress", *overrides]) == 0
-    kl = [json.loads(x)["distill/reverse_kl"]
-          for x in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    kl = [r["distill/reverse_kl"] for r in rows]
     print(kl)
     assert kl[0] > 0.05 and sum(kl[-3:]) / 3 < 0.7 * kl[0], kl
+    if "ra_" in name:
+        assert all(0 <= r["distill/kept_frac"] <= 1 for r in rows)
 
 
 def test_opd_needs_a_teacher_with_the_students_tokenizer(ci_testbed, tmp_path, capsys):
