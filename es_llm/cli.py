@@ -96,10 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def plugin_commands() -> dict:
     """Subcommands that other installed packages register under the ``es_llm.commands`` entry
-    point group (the gradient baselines register ``grpo``). The core discovers them at run
-    time instead of importing them, so it never depends on the packages built on top of it.
-    Each entry point names an object with ``add_parser(subparsers, add_common)`` and
-    ``run(args)``."""
+    point group (the gradient baselines register ``grpo`` and ``opd``). The core discovers
+    them at run time instead of importing them, so it never depends on the packages built on
+    top of it. Each entry point names an object with ``add_parser(subparsers, add_common)``
+    and ``run(args)``."""
     from importlib.metadata import entry_points
 
     return {ep.name: ep.load() for ep in entry_points(group="es_llm.commands")}
