@@ -28,7 +28,7 @@ def _add_common(p: argparse.ArgumentParser, out_required: bool) -> None:
     p.add_argument("overrides", nargs="*", metavar="key=value", help=OVERRIDES_HELP)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(plugins: dict | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="es-llm",
         description="Post-train language models with Evolution Strategies or gradient RL, "
@@ -89,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "such as iterations=N still apply), its ledger is replayed from the "
                          "base model to rebuild the weights exactly, and it goes on from there")
     _add_common(es, out_required=False)
-    for command in plugin_commands().values():
+    for command in (plugin_commands() if plugins is None else plugins).values():
         command.add_parser(sub, _add_common)
     return parser
 
@@ -164,7 +164,8 @@ def run_es(args) -> None:
     from es_llm.config import load_config
     from es_llm.es.config import ESRunConfig
     from es_llm.es.engine import run
-    from es_llm.es.setup import build_edges, resolve_training_data
+    from es_llm.es.setup import build_edges
+    from es_llm.evaluate import resolve_training_data
 
     flags = {"model": args.model} if args.model is not None else {}
     out, config_path = run_folder(args, "an ES", "es", ("config.yaml", "ledger.jsonl"))
@@ -186,7 +187,8 @@ def run_es(args) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    plugins = plugin_commands()
+    parser = build_parser(plugins)
     # key=value overrides may stand anywhere, also after options (argparse alone would stop
     # collecting positionals at the first option that follows them).
     args, extra = parser.parse_known_args(argv)
@@ -196,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     args.overrides = list(args.overrides) + extra
     try:
         commands = {"testbed": run_testbed, "eval": run_eval, "es": run_es}
-        commands.update({name: c.run for name, c in plugin_commands().items()})
+        commands.update({name: c.run for name, c in plugins.items()})
         commands[args.command](args)
     except BadInput as exc:
         print(f"es-llm {args.command}: error: {exc}", file=sys.stderr)

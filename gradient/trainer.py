@@ -117,6 +117,21 @@ def freeze_behaviour(edges: Edges, rows: list[dict], cfg: GRPORunConfig) -> dict
 
 
 @torch.no_grad()
+def freeze_reference(edges: Edges, rows: list[dict], cfg: GRPORunConfig) -> None:
+    """The frozen reference model's log-probs of fresh rows, computed once at birth: the
+    reference never changes, so every epoch, mini-batch and later replay reuses them."""
+    fresh = [r for r in rows if r.get("ref_logp") is None]
+    if edges.ref_model is None or not fresh:
+        return
+    ref_B_T, _, _ = completion_logprobs(
+        edges.ref_model, [r["prompt_ids"] for r in fresh], [r["completion_ids"] for r in fresh],
+        temperature=cfg.rollout.temperature, pad_id=edges.tokenizer.pad_token_id,
+        with_entropy=False, micro_batch=cfg.micro_batch)
+    for i, r in enumerate(fresh):
+        r["ref_logp"] = ref_B_T[i, :len(r["completion_ids"])].tolist()
+
+
+@torch.no_grad()
 def distill_advantages(edges: Edges, rows: list[dict], cfg: GRPORunConfig):
     """The distillation method's per-token advantages for fresh rows (the teacher scores the
     student's own rollouts; the student's log-probs are the sampler's, frozen at birth like
@@ -175,11 +190,7 @@ def _micro_loss(edges: Edges, rows: list[dict], cfg: GRPORunConfig, tokens: floa
         total = total - a.entropy_coef * entropy
     kl = torch.zeros(())
     if edges.ref_model is not None:
-        with torch.no_grad():
-            ref_B_T, _, _ = completion_logprobs(edges.ref_model, prompts, comps,
-                                                temperature=cfg.rollout.temperature,
-                                                pad_id=edges.tokenizer.pad_token_id,
-                                                with_entropy=False)
+        ref_B_T = _pad([r["ref_logp"] for r in rows], T, dev)
         kl = aggregate(kl_estimate(a.kl.estimator, logp_B_T, ref_B_T), mask_B_T, a.aggregation,
                        **agg)
         total = total + a.kl.coef * kl
@@ -230,6 +241,7 @@ def step(edges: Edges, cfg: GRPORunConfig, state: TrainerState, problems: list):
     t_gen = time.perf_counter() - t0
     rows = make_rows(groups, cfg) if groups.problems else []
     metrics.update(freeze_behaviour(edges, rows, cfg))
+    freeze_reference(edges, rows, cfg)
     if edges.teacher is not None:
         rows, distill_metrics = distill_advantages(edges, rows, cfg)
         metrics.update(distill_metrics)

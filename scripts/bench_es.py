@@ -41,7 +41,8 @@ from es_llm.backends.base import SamplingParams
 from es_llm.comm.serial import SerialComm
 from es_llm.es.config import ESRunConfig, ESSettings
 from es_llm.es.engine import es_config, evaluate_members, prompt_batch
-from es_llm.es.setup import build_edges, resolve_training_data
+from es_llm.es.setup import build_edges
+from es_llm.evaluate import resolve_training_data
 from es_llm.tasks import TaskConfig
 from es_llm.testbed.build import build_testbed
 from es_llm.testbed.config import load_testbed_config

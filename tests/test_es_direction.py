@@ -9,7 +9,8 @@ from es_llm.backends.base import SamplingParams
 from es_llm.comm.serial import SerialComm
 from es_llm.es.config import ESRunConfig, ESSettings
 from es_llm.es.engine import run
-from es_llm.es.setup import build_edges, resolve_training_data
+from es_llm.es.setup import build_edges
+from es_llm.evaluate import resolve_training_data
 from es_llm.tasks import Score, TaskConfig
 from es_llm.tasks.base import InProcessTask
 from es_llm.tasks.countdown import load_problems

@@ -11,7 +11,8 @@ from transformers import AutoModelForCausalLM
 from es_llm.comm.serial import SerialComm
 from es_llm.es.config import ESRunConfig, ESSettings
 from es_llm.es.engine import es_config, read_ledger, replay, run
-from es_llm.es.setup import build_edges, resolve_training_data
+from es_llm.es.setup import build_edges
+from es_llm.evaluate import resolve_training_data
 from es_llm.es.weights import ModuleWeights, select_parameters
 from es_llm.tasks import TaskConfig
 from populations import es as pes

@@ -12,7 +12,7 @@ from es_llm.errors import BadInput
 from es_llm.es.config import ESRunConfig
 from es_llm.es.engine import Edges
 from es_llm.es.weights import ModuleWeights, select_parameters
-from es_llm.evaluate import check_model_path, resolve_training_data  # noqa: F401 (re-export)
+from es_llm.evaluate import check_model_path
 from es_llm.tasks import build_task
 
 
