@@ -20,10 +20,20 @@ optimizer state)."""
 
 OPD_DESCRIPTION = """\
 On-policy distillation: the GRPO-family trainer with a teacher that scores the student's
-own rollouts. With algo.distill.method=opd every sampled token's advantage is the
-teacher's reverse KL on it, -(log pi_student - log pi_teacher), plus reward_coef times the
-group-centred task reward. The teacher (algo.distill.teacher) must share the student's
-tokenizer. Outputs as `es-llm grpo`, plus distill/* metrics (distill/reverse_kl)."""
+own rollouts; algo.distill.method picks how (see configs/opd_*.yaml):
+  opd     per-token advantage -(log pi_student - log pi_teacher) on the sampled token,
+          plus reward_coef times the group-centred task reward (Tinker's OPD);
+  ra_opd  opd on the rollouts whose distillation return agrees with the outcome;
+  rstg    GRPO, with teacher-confidence-weighted OPD on selected tokens and an SFT term
+          where every rollout of a prompt failed;
+  dear    opd weighted towards decision tokens and their evidence;
+  avsd    self-distillation from the student's starting weights under privileged views;
+  gjsd    generalized JSD to the teacher over the full (or top-K) vocabulary;
+  w2s     reverse KL to the proxy teacher base + alpha (weak_rl - weak_base).
+algo.distill.drift gates the distillation losses of reused rollouts (epochs or
+mini_batches > 1). Teachers must share the student's tokenizer; `es-llm testbed` builds
+teachers/strong, teachers/weak_base and teachers/weak_rl. Outputs as `es-llm grpo`, plus
+distill/* metrics (distill/reverse_kl: the sampled-token estimate of KL(student||teacher))."""
 
 
 class GRPOCommand:
@@ -60,7 +70,7 @@ class GRPOCommand:
                                                 overrides=args.overrides))
         if self.needs_teacher and cfg.algo.distill.method == "none":
             raise BadInput(f"es-llm {self.name} needs a distillation method: set "
-                           f"algo.distill.method (opd or ra_opd) and algo.distill.teacher.")
+                           f"algo.distill.method (see configs/opd_*.yaml).")
         edges, problems, state = build(cfg, checkpoint)
         try:
             run(cfg, edges, problems, out, state, progress=not args.no_progress)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from es_llm.errors import BadInput
 from es_llm.tasks import TaskConfig
+from gradient.distill.config import DistillSettings
 
 
 def _choice(what: str, value: str, names) -> None:
@@ -129,29 +130,6 @@ class ReplaySettings:
 
 
 @dataclass(frozen=True)
-class DistillSettings:
-    # On-policy distillation: none, opd (the teacher's per-token reverse KL on the sampled
-    # tokens, -(log pi_S - log pi_T), as the advantage; Thinking Machines / Tinker form) or
-    # ra_opd (opd on the rollouts whose distillation return agrees with the outcome).
-    method: str = "none"
-    # The teacher: a Hugging Face folder whose tokenizer is the student's.
-    teacher: str = ""
-    # Advantage = reward_coef * (group-centred task reward) + kl_coef * distillation advantage.
-    kl_coef: float = 1.0
-    reward_coef: float = 0.0
-
-    def __post_init__(self):
-        from gradient.distill.methods import distill_method_names
-        _choice("algo.distill.method", self.method, ["none", *distill_method_names()])
-        if self.method != "none" and not self.teacher:
-            raise BadInput(f"algo.distill.method={self.method!r} needs a teacher model: set "
-                           f"algo.distill.teacher to a Hugging Face folder with the student's "
-                           f"tokenizer.")
-        if self.kl_coef < 0 or self.reward_coef < 0:
-            raise BadInput("algo.distill.kl_coef and algo.distill.reward_coef must be >= 0.")
-
-
-@dataclass(frozen=True)
 class AlgoSettings:
     # Advantage estimator: grpo (group z-score), dr_grpo (no std) or rloo.
     advantage: str = "grpo"
@@ -202,6 +180,11 @@ class AlgoSettings:
         if self.std_eps < 0 or self.entropy_coef < 0:
             raise BadInput("algo.std_eps and algo.entropy_coef must be >= 0.")
         _positive("algo", self, "epochs", "mini_batches")
+        if self.distill.drift.enabled and not (self.epochs > 1 or self.mini_batches > 1
+                                               or self.replay.enabled):
+            raise BadInput("algo.distill.drift gates reused rollouts, but every rollout is used "
+                           "once here (all gates would be 1): set algo.epochs > 1, "
+                           "algo.mini_batches > 1 or algo.replay.enabled.")
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from es_llm.evaluate import check_model_path
 from es_llm.tasks import build_task
 from gradient.adaprefix import PrefixState
 from gradient.config import GRPORunConfig
+from gradient.distill.methods import method_spec
 from gradient.replay import AdvantageReplayBuffer, ReplayConfig
 from gradient.rollouts import prefix_controller_config
 from gradient.trainer import Edges, TrainerState
@@ -38,14 +39,40 @@ def _check_same_tokenizer(a, b, what: str) -> None:
                        f"Use a model trained with the policy's tokenizer.")
 
 
-def _check_references(problems: list, cfg: GRPORunConfig) -> None:
+def _check_references(problems: list, cfg: GRPORunConfig, what: str = "algo.prefix.enabled"
+                      ) -> None:
     missing = [p.id for p in problems if not p.meta.get("reference")]
     if missing:
-        raise BadInput(f"algo.prefix.enabled needs a reference solution for every training "
+        raise BadInput(f"{what} needs a reference solution for every training "
                        f"problem, but {len(missing)} of {len(problems)} problems of task "
                        f"{cfg.task.name!r} have none (e.g. {missing[0]!r}). Use a data file "
                        f"with a 'reference' field (testbed data/*_rl.jsonl files have one) or "
                        f"turn the prefix controller off.")
+
+
+def _distill_models(cfg: GRPORunConfig, tokenizer, problems: list) -> dict:
+    """The frozen models the distillation method declares, by role, each checked to share
+    the student's tokenizer; the base is the student's starting folder."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    d = cfg.algo.distill
+    if d.method == "none":
+        return {}
+    spec = method_spec(d.method)
+    if spec.scorer == "views" and set(d.avsd.views) & {"full", "partial"}:
+        _check_references(problems, cfg, "algo.distill.avsd's full and partial views")
+    paths = {"teacher": d.teacher, "base": cfg.model, "positive": d.w2s.positive,
+             "negative": d.w2s.negative}
+    models = {}
+    for role in spec.models:
+        path = paths[role]
+        check_model_path(path)
+        _check_same_tokenizer(tokenizer, AutoTokenizer.from_pretrained(path),
+                              f"the {role} model {path!r}" if role != "teacher"
+                              else f"the teacher {path!r}")
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        models[role] = model.to(cfg.device).requires_grad_(False)
+    return models
 
 
 def build(cfg: GRPORunConfig, resume_from: Path | None = None):
@@ -74,13 +101,7 @@ def build(cfg: GRPORunConfig, resume_from: Path | None = None):
                               f"the reference model {ref_path!r}")
         ref = AutoModelForCausalLM.from_pretrained(ref_path, dtype=torch.float32).to(cfg.device)
         ref.requires_grad_(False)
-    teacher = None
-    if cfg.algo.distill.method != "none":
-        t = cfg.algo.distill.teacher
-        check_model_path(t)
-        _check_same_tokenizer(tokenizer, AutoTokenizer.from_pretrained(t), f"the teacher {t!r}")
-        teacher = AutoModelForCausalLM.from_pretrained(t, dtype=torch.float32).to(cfg.device)
-        teacher.requires_grad_(False)
+    teachers = _distill_models(cfg, tokenizer, problems)
     o = cfg.optim
     optimizer = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=(o.beta1, o.beta2),
                                   weight_decay=o.weight_decay)
@@ -120,5 +141,5 @@ def build(cfg: GRPORunConfig, resume_from: Path | None = None):
         backend = HFBackend(start, model=model, tokenizer=tokenizer, device=cfg.device,
                             logprobs_mode="processed")
     edges = Edges(model=model, tokenizer=tokenizer, backend=backend, task=task,
-                  optimizer=optimizer, ref_model=ref, sync=sync, teacher=teacher)
+                  optimizer=optimizer, ref_model=ref, sync=sync, teachers=teachers)
     return edges, problems, state

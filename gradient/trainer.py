@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -31,9 +31,13 @@ from es_llm.io import complete_jsonl_rows, save_hf_checkpoint, write_text_atomic
 from gradient.advantages import AdvantageInput, compute_advantages
 from gradient.aggregation import aggregate
 from gradient.config import GRPORunConfig
-from gradient.distill.methods import DistillInput, run_distill
+from gradient.distill.birth import distill_rows
+from gradient.distill.drift_gate import drift_gates
+from gradient.distill.methods import method_spec
+from gradient.distill.opd import generalized_jsd
+from gradient.distill.scoring import divergence_params, target_logp
 from gradient.kl import kl_estimate
-from gradient.logprobs import completion_logprobs
+from gradient.logprobs import completion_logits, completion_logprobs, pad_rows, token_stats
 from gradient.losses import LossInput, compute_loss, gapo_clip_high
 from gradient.rollout_correction import is_weights
 from gradient.rollouts import collect, derive_seed, prefix_controller_config
@@ -53,8 +57,9 @@ class Edges:
     # Pushes the policy's weights into the sampler after an update (None: the sampler is
     # the policy itself).
     sync: object = None
-    # The frozen teacher of on-policy distillation (None without distillation).
-    teacher: torch.nn.Module | None = None
+    # Frozen models of on-policy distillation by role (teacher, base, positive, negative);
+    # empty without distillation.
+    teachers: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -64,13 +69,8 @@ class TrainerState:
     samples: int = 0
     prefix: object = None
     replay: object = None
-
-
-def _pad(rows_B: list[list[float]], T: int, device) -> torch.Tensor:
-    out_B_T = torch.zeros((len(rows_B), T), dtype=torch.float32)
-    for i, r in enumerate(rows_B):
-        out_B_T[i, :len(r)] = torch.as_tensor(r, dtype=torch.float32)
-    return out_B_T.to(device)
+    # RSTG: the teacher's solve rate and shortest correct trajectory per problem id.
+    teacher_solve: dict = field(default_factory=dict)
 
 
 def make_rows(groups, cfg: GRPORunConfig) -> list[dict]:
@@ -83,9 +83,11 @@ def make_rows(groups, cfg: GRPORunConfig) -> list[dict]:
     adv_B = adv_P_G.reshape(-1).tolist()
     clip_B = clip_high_P_G.reshape(-1).tolist() if clip_high_P_G is not None else None
     reward_B = groups.rewards_P_G.reshape(-1).tolist()
+    G = groups.rewards_P_G.shape[1]
     return [{"prompt_ids": groups.prompt_ids[b], "completion_ids": groups.completion_ids[b],
              "engine_logp": groups.engine_logp[b], "adv": adv_B[b], "reward": reward_B[b],
-             "clip_high": clip_B[b] if clip_B else None, "old_logp": None, "is_weight": None}
+             "clip_high": clip_B[b] if clip_B else None, "old_logp": None, "is_weight": None,
+             "problem": groups.problems[b // G], "group": b // G}
             for b in range(len(adv_B))]
 
 
@@ -105,7 +107,11 @@ def freeze_behaviour(edges: Edges, rows: list[dict], cfg: GRPORunConfig) -> dict
     old_B_T, _, mask_B_T = completion_logprobs(
         edges.model, prompts, comps, temperature=cfg.rollout.temperature,
         pad_id=edges.tokenizer.pad_token_id, with_entropy=False, micro_batch=cfg.micro_batch)
-    engine_B_T = _pad([r["engine_logp"] for r in fresh], old_B_T.shape[1], old_B_T.device)
+    engine_B_T = pad_rows([r["engine_logp"] or [] for r in fresh], old_B_T.shape[1], old_B_T.device)
+    # Rows the sampler did not produce (RSTG's teacher trajectories) get no correction.
+    sampled_B_1 = torch.tensor([r["engine_logp"] is not None for r in fresh],
+                               device=old_B_T.device)[:, None]
+    engine_B_T = torch.where(sampled_B_1, engine_B_T, old_B_T)
     c = cfg.algo.is_correction
     w_B_T, m = is_weights(old_B_T, engine_B_T, mask_B_T, mode=c.mode, c_min=c.c_min,
                           c_max=c.c_max)
@@ -131,48 +137,42 @@ def freeze_reference(edges: Edges, rows: list[dict], cfg: GRPORunConfig) -> None
         r["ref_logp"] = ref_B_T[i, :len(r["completion_ids"])].tolist()
 
 
-@torch.no_grad()
-def distill_advantages(edges: Edges, rows: list[dict], cfg: GRPORunConfig):
-    """The distillation method's per-token advantages for fresh rows (the teacher scores the
-    student's own rollouts; the student's log-probs are the sampler's, frozen at birth like
-    the rollout); returns the rows it keeps and its metrics."""
-    fresh = [r for r in rows if r.get("adv_tokens") is None]
-    if not fresh:
-        return rows, {}
-    d = cfg.algo.distill
-    teacher_B_T, _, mask_B_T = completion_logprobs(
-        edges.teacher, [r["prompt_ids"] for r in fresh], [r["completion_ids"] for r in fresh],
-        temperature=cfg.rollout.temperature, pad_id=edges.tokenizer.pad_token_id,
-        with_entropy=False, micro_batch=cfg.micro_batch)
-    T, dev = teacher_B_T.shape[1], teacher_B_T.device
-    student_B_T = _pad([r["engine_logp"] for r in fresh], T, dev)
-    out = run_distill(d.method, DistillInput(
-        student_logp_B_T=student_B_T, teacher_logp_B_T=teacher_B_T, mask_B_T=mask_B_T,
-        reward_adv_B=torch.tensor([r["adv"] for r in fresh], device=dev),
-        reward_B=torch.tensor([r["reward"] for r in fresh], device=dev),
-        kl_coef=d.kl_coef, reward_coef=d.reward_coef))
-    for i, r in enumerate(fresh):
-        r["adv_tokens"] = out.adv_B_T[i, :len(r["completion_ids"])].tolist()
-    dropped = {id(r) for r, k in zip(fresh, out.keep_B.tolist()) if not k}
-    tokens = mask_B_T.sum().clamp(min=1)
-    metrics = {"distill/reverse_kl": float(((student_B_T - teacher_B_T) * mask_B_T).sum() / tokens),
-               "distill/teacher_logp": float((teacher_B_T * mask_B_T).sum() / tokens)}
-    metrics.update({f"distill/{k}": v for k, v in out.metrics.items()})
-    return [r for r in rows if id(r) not in dropped], metrics
+def _policy_logp(edges: Edges, rows: list[dict], cfg: GRPORunConfig, full: bool):
+    """The policy's log-probs, entropy and mask for ``rows`` (with the graph), and the full
+    distributions when a divergence method needs them."""
+    prompts, comps = [r["prompt_ids"] for r in rows], [r["completion_ids"] for r in rows]
+    T = max(len(c) for c in comps)
+    if not full or T == 0:
+        return (*completion_logprobs(edges.model, prompts, comps,
+                                     temperature=cfg.rollout.temperature,
+                                     pad_id=edges.tokenizer.pad_token_id, with_entropy=True),
+                None)
+    logp_B_T_V, targets_B_T, mask_B_T, _ = completion_logits(
+        edges.model, prompts, comps, T, cfg.rollout.temperature, edges.tokenizer.pad_token_id)
+    return (*token_stats(logp_B_T_V, targets_B_T, mask_B_T), mask_B_T, logp_B_T_V)
+
+
+def _divergence(edges: Edges, rows: list[dict], cfg: GRPORunConfig, kind: str,
+                logp_B_T_V: torch.Tensor, mask_B_T: torch.Tensor) -> torch.Tensor:
+    """Per-token divergence of the policy from the method's target distributions."""
+    target_B_T_V, _ = target_logp(kind, edges.teachers, [r["prompt_ids"] for r in rows],
+                                  [r["completion_ids"] for r in rows], cfg,
+                                  edges.tokenizer.pad_token_id, mask_B_T.shape[1])
+    beta, top_k, tail = divergence_params(kind, cfg.algo.distill)
+    return generalized_jsd(logp_B_T_V, target_B_T_V, mask_B_T, beta, top_k=top_k,
+                           tail_bucket=tail)
 
 
 def _micro_loss(edges: Edges, rows: list[dict], cfg: GRPORunConfig, tokens: float, seqs: float):
     """The loss of one micro-batch as its share of the mini-batch (global counts)."""
-    a = cfg.algo
-    prompts, comps = [r["prompt_ids"] for r in rows], [r["completion_ids"] for r in rows]
-    logp_B_T, ent_B_T, mask_B_T = completion_logprobs(
-        edges.model, prompts, comps, temperature=cfg.rollout.temperature,
-        pad_id=edges.tokenizer.pad_token_id, with_entropy=True)
+    a, d = cfg.algo, cfg.algo.distill
+    kind = method_spec(d.method).divergence if d.method != "none" else None
+    logp_B_T, ent_B_T, mask_B_T, logp_B_T_V = _policy_logp(edges, rows, cfg, kind is not None)
     T, dev = logp_B_T.shape[1], logp_B_T.device
     frozen = rows[0]["old_logp"] is not None
-    old_B_T = _pad([r["old_logp"] for r in rows], T, dev) if frozen else logp_B_T.detach()
+    old_B_T = pad_rows([r["old_logp"] for r in rows], T, dev) if frozen else logp_B_T.detach()
     if rows[0].get("adv_tokens") is not None:  # per-token advantages (distillation)
-        adv_B_T = _pad([r["adv_tokens"] for r in rows], T, dev)
+        adv_B_T = pad_rows([r["adv_tokens"] for r in rows], T, dev)
     else:
         adv_B_T = torch.tensor([r["adv"] for r in rows], device=dev)[:, None] * mask_B_T
     clip_B = (torch.tensor([r["clip_high"] for r in rows], dtype=torch.float64, device=dev)
@@ -180,24 +180,39 @@ def _micro_loss(edges: Edges, rows: list[dict], cfg: GRPORunConfig, tokens: floa
     inp = LossInput(logp_B_T=logp_B_T, old_logp_B_T=old_B_T, adv_B_T=adv_B_T, mask_B_T=mask_B_T,
                     clip_low=a.clip_low, clip_high=a.clip_high, dual_clip=a.dual_clip,
                     clip_high_B=clip_B,
-                    is_weight_B_T=_pad([r["is_weight"] for r in rows], T, dev) if frozen else None)
+                    is_weight_B_T=(pad_rows([r["is_weight"] for r in rows], T, dev)
+                                   if frozen else None))
     loss_B_T, m = compute_loss(a.loss, inp)
+    stats = {}
+    gate_B_T = None
+    if d.drift.enabled:
+        gate_B_T = drift_gates(logp_B_T, old_B_T, mask_B_T, d.drift.block_size, d.drift.tau)
+        loss_B_T = loss_B_T * gate_B_T
+        # Summed over micro-batches (global token count): the mean |gate - 1| per token.
+        stats["distill/gate_abs_dev"] = float(((gate_B_T - 1).abs() * mask_B_T).sum()) / tokens
     agg = dict(global_tokens=tokens, global_seqs=seqs, constant=cfg.rollout.max_tokens * seqs)
     pg = aggregate(loss_B_T, mask_B_T, a.aggregation, **agg)
     total = pg
+    if logp_B_T_V is not None:
+        div_B_T = _divergence(edges, rows, cfg, kind, logp_B_T_V, mask_B_T)
+        if gate_B_T is not None:
+            div_B_T = div_B_T * gate_B_T
+        div = aggregate(div_B_T, mask_B_T, a.aggregation, **agg)
+        total = total + d.kl_coef * div
+        stats["distill/divergence"] = float(div.detach())
     entropy = aggregate(ent_B_T, mask_B_T, a.aggregation, **agg)
     if a.entropy_coef:
         total = total - a.entropy_coef * entropy
     kl = torch.zeros(())
     if edges.ref_model is not None:
-        ref_B_T = _pad([r["ref_logp"] for r in rows], T, dev)
+        ref_B_T = pad_rows([r["ref_logp"] for r in rows], T, dev)
         kl = aggregate(kl_estimate(a.kl.estimator, logp_B_T, ref_B_T), mask_B_T, a.aggregation,
                        **agg)
         total = total + a.kl.coef * kl
     total.backward()
     share = float(mask_B_T.sum()) / max(tokens, 1.0)
-    stats = {"grad/loss": float(total.detach()), "grad/pg_loss": float(pg.detach()),
-             "grad/entropy": float(entropy.detach()), "grad/kl": float(kl.detach())}
+    stats.update({"grad/loss": float(total.detach()), "grad/pg_loss": float(pg.detach()),
+                  "grad/entropy": float(entropy.detach()), "grad/kl": float(kl.detach())})
     stats.update({f"grad/{k}": float(v) * share for k, v in m.items()})
     return stats
 
@@ -240,11 +255,11 @@ def step(edges: Edges, cfg: GRPORunConfig, state: TrainerState, problems: list):
     state.samples += int(metrics.pop("samples/step"))
     t_gen = time.perf_counter() - t0
     rows = make_rows(groups, cfg) if groups.problems else []
+    if edges.teachers and rows:
+        rows, distill_metrics = distill_rows(edges, rows, cfg, state.step, state.teacher_solve)
+        metrics.update(distill_metrics)
     metrics.update(freeze_behaviour(edges, rows, cfg))
     freeze_reference(edges, rows, cfg)
-    if edges.teacher is not None:
-        rows, distill_metrics = distill_advantages(edges, rows, cfg)
-        metrics.update(distill_metrics)
     if state.replay is not None:
         # The version of a rollout is the step it was born in (one update per step unless
         # mini_batches > 1); compose evicts by age, keeps every fresh rollout, adds replayed.

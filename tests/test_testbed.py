@@ -18,11 +18,13 @@ from es_llm.testbed.train import _problem_key, held_out_sets, record, training_e
 from es_llm.testbed.config import load_testbed_config
 
 
-def tiny(seed=0):
+def tiny(seed=0, *extra):
     # A few training steps are enough to show determinism; the report eval stays small too.
     return load_testbed_config("ci", overrides=[
         f"seed={seed}", "train.steps=6", "data.eval_per_tier=3", "data.rl_per_tier=3",
-        "report.samples=2", "report.max_tokens=8"])
+        "report.samples=2", "report.max_tokens=8", "teachers.strong.train.steps=4",
+        "teachers.weak.train.steps=4", "teachers.weak.rl_steps=2", "teachers.weak.rl_prompts=3",
+        "teachers.weak.rl_group=2", "teachers.report_samples=1", *extra])
 
 
 def weights_digest(path) -> str:
@@ -146,3 +148,56 @@ def test_held_out_problems_carry_a_worked_reference_that_scores_one():
     assert all(s.reward == 1.0 for s in scores)
     assert all(record(p)["reference"] == p.meta["reference"] for p in problems)
     task.close()
+
+
+def test_teachers_are_deterministic_share_the_tokenizer_and_cache_apart(tmp_path, monkeypatch):
+    monkeypatch.setenv("ES_LLM_CACHE", str(tmp_path / "cache"))
+    quiet = dict(progress=False, echo=lambda *_: None)
+    first, info = build_testbed(tiny(), tmp_path / "a", **quiet)
+    teachers = first / "teachers"
+    assert set(info["teachers"]) == {"strong", "weak_base", "weak_rl"}
+    student = AutoModelForCausalLM.from_pretrained(first)
+    strong = AutoModelForCausalLM.from_pretrained(teachers / "strong")
+    assert strong.num_parameters() > student.num_parameters()
+    weak = AutoModelForCausalLM.from_pretrained(teachers / "weak_base")
+    assert weak.num_parameters() < student.num_parameters()
+    vocab = AutoTokenizer.from_pretrained(first).get_vocab()
+    for name in ("strong", "weak_base", "weak_rl"):
+        assert AutoTokenizer.from_pretrained(teachers / name).get_vocab() == vocab
+    # Built again from scratch: the same bytes.
+    monkeypatch.setenv("ES_LLM_CACHE", str(tmp_path / "cache2"))
+    again, _ = build_testbed(tiny(), tmp_path / "b", **quiet)
+    for name in ("strong", "weak_base", "weak_rl"):
+        assert weights_digest(teachers / name) == weights_digest(again / "teachers" / name)
+    # Changing the weak pair's settings rebuilds only the weak pair.
+    said = []
+    build_testbed(tiny(0, "teachers.weak.rl_lr=0.02"), tmp_path / "c", progress=False,
+                  echo=said.append)
+    assert any("testbed ci found in cache" in m for m in said)
+    assert any("teacher 'strong'" in m and "found in cache" in m for m in said)
+    assert any(m.startswith("building teachers 'weak_base'") for m in said)
+
+
+def test_short_rl_moves_the_weak_model_along_the_reward():
+    """``short_rl`` with a stub task that rewards even-length completions: the REINFORCE
+    steps change the weights, and skip groups whose rewards are all equal."""
+    from dataclasses import replace as dc_replace
+    from es_llm.tasks.base import Problem, Score
+    from es_llm.testbed.teachers import short_rl
+    from es_llm.testbed.tokenizer import build_tokenizer
+    from es_llm.testbed.train import make_model
+
+    class EvenLength:
+        def score_many(self, pairs):
+            return [Score(reward=float(len(text) % 2 == 0), correct=len(text) % 2 == 0)
+                    for _, text in pairs]
+
+    cfg = tiny(0, "teachers.weak.rl_steps=3", "teachers.weak.rl_group=4")
+    cfg = dc_replace(cfg, report=dc_replace(cfg.report, max_tokens=6))
+    tok = build_tokenizer()
+    model = make_model(cfg, tok)
+    before = [p.detach().clone() for p in model.parameters()]
+    problems = [Problem(id=f"p{i}", prompt=f"nums {i} make {i}\n", gold=None) for i in range(3)]
+    stats = short_rl(model, tok, EvenLength(), problems, cfg, progress=False)
+    assert stats["rl_steps"] == 3 and 0 <= stats["reward_first"] <= 1
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))

@@ -9,6 +9,7 @@ import os
 import shutil
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -18,8 +19,11 @@ from es_llm.config import dump_yaml, to_dict
 from es_llm.errors import BadInput
 from es_llm.io import replace_dir_atomic, write_json_atomic, write_jsonl_atomic, write_text_atomic
 from es_llm.testbed.config import TestbedConfig
+from es_llm.testbed.teachers import build_weak_pair, save_model
 from es_llm.testbed.tokenizer import build_tokenizer
 from es_llm.testbed.train import held_out_sets, make_model, record, train
+
+TEACHERS = ("strong", "weak_base", "weak_rl")
 
 
 def cache_root() -> Path:
@@ -30,23 +34,30 @@ def _count_params(model) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def _report(model_dir: Path, cfg: TestbedConfig, progress: bool) -> dict:
-    """pass@k of the fresh model on its held-out Countdown set (transformers backend)."""
+def _countdown_task(folder: Path, split: str):
+    from es_llm.tasks import TaskConfig, build_task
+    data = folder / "data" / f"countdown_{split}.jsonl"
+    return build_task(TaskConfig(name="countdown", data=str(data)))
+
+
+def _report(model_dir: Path, data_dir: Path, cfg: TestbedConfig, progress: bool,
+            samples: int | None = None) -> dict:
+    """pass@k of a fresh model on the held-out Countdown set (transformers backend)."""
     from es_llm.backends.hf import HFBackend
     from es_llm.evaluate import metrics_from_rows, sample_and_score
-    from es_llm.tasks import TaskConfig, build_task
 
     r = cfg.report
-    task = build_task(TaskConfig(name="countdown", data=str(model_dir / "data" / "countdown_eval.jsonl")))
+    n = samples or r.samples
+    task = _countdown_task(data_dir, "eval")
     try:
-        params = SamplingParams(n=r.samples, temperature=r.temperature, max_tokens=r.max_tokens,
+        params = SamplingParams(n=n, temperature=r.temperature, max_tokens=r.max_tokens,
                                 seed=cfg.seed)
         rows = sample_and_score(HFBackend(str(model_dir)), task, task.problems(), params, progress)
     finally:
         task.close()
-    m = metrics_from_rows(rows, r.samples, bootstrap=200)
-    top = f"pass@{r.samples}"
-    return {"samples": r.samples, "temperature": r.temperature,
+    m = metrics_from_rows(rows, n, bootstrap=200)
+    top = f"pass@{n}"
+    return {"samples": n, "temperature": r.temperature,
             "pass@1": m["pass@1"]["value"], top: m[top]["value"],
             "by_difficulty": m.get("by_difficulty", {})}
 
@@ -70,7 +81,7 @@ def _build_into(tmp: Path, cfg: TestbedConfig, progress: bool, echo) -> dict:
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
     train_s = time.perf_counter() - t0
-    report = _report(tmp, cfg, progress)
+    report = _report(tmp, tmp, cfg, progress)
     info = {"size": cfg.size, "fingerprint": cfg.fingerprint(), "parameters": _count_params(model),
             "train": stats, "build_s": round(train_s, 1),
             "held_out": {k: len(v) for k, v in sets.items()}, "report": report,
@@ -78,6 +89,89 @@ def _build_into(tmp: Path, cfg: TestbedConfig, progress: bool, echo) -> dict:
     write_text_atomic(tmp / "testbed.yaml", dump_yaml(cfg))
     write_json_atomic(tmp / "testbed.json", info)
     return info
+
+
+def pretrain(cfg: TestbedConfig, shape, schedule, tokenizer, excluded: set, progress: bool):
+    """A fresh model of ``shape`` pretrained on the student's mix with ``schedule`` (the
+    stronger teacher, the weak base): ``train.py``'s model and loop, which the student's
+    fingerprint (part of every teacher's cache key) already covers."""
+    sub = replace(cfg, model=shape, train=schedule)
+    model = make_model(sub, tokenizer)
+    return model, train(model, tokenizer, sub, excluded, progress)
+
+
+def _teacher_info(folder: Path, data_dir: Path, cfg: TestbedConfig, progress: bool) -> dict:
+    from transformers import AutoConfig
+    shape = AutoConfig.from_pretrained(folder)
+    return {"hidden_size": shape.hidden_size,
+            "num_layers": shape.num_hidden_layers,
+            "report": _report(folder, data_dir, cfg, progress, cfg.teachers.report_samples)}
+
+
+def _strong_into(tmp: Path, student: Path, cfg: TestbedConfig, progress: bool) -> None:
+    """The stronger teacher: a larger model pretrained longer (``train.pretrain``)."""
+    s = cfg.teachers.strong
+    t0 = time.perf_counter()
+    tokenizer = build_tokenizer()
+    _, excluded = held_out_sets(cfg)
+    model, stats = pretrain(cfg, s.model, s.train, tokenizer, excluded, progress)
+    save_model(model, tokenizer, tmp)
+    info = {"strong": {"train": stats,
+                       **_teacher_info(tmp, student, cfg, progress),
+                       "build_s": round(time.perf_counter() - t0, 1)}}
+    write_json_atomic(tmp / "testbed.json", info)
+
+
+def _weak_into(tmp: Path, student: Path, cfg: TestbedConfig, progress: bool) -> None:
+    t0 = time.perf_counter()
+    tokenizer = build_tokenizer()
+    _, excluded = held_out_sets(cfg)
+    rl_task = _countdown_task(student, "rl")
+    try:
+        w = cfg.teachers.weak
+        info = build_weak_pair(tmp, cfg, pretrain(cfg, w.model, w.train, tokenizer, excluded,
+                                                  progress),
+                               tokenizer, rl_task, rl_task.problems(), progress)
+    finally:
+        rl_task.close()
+    for name in ("weak_base", "weak_rl"):
+        info[name].update(_teacher_info(tmp / name, student, cfg, progress))
+    info["weak_rl"]["build_s"] = round(time.perf_counter() - t0, 1)
+    write_json_atomic(tmp / "testbed.json", info)
+
+
+def _with_teachers(student: Path, cfg: TestbedConfig, progress: bool, echo) -> Path:
+    """The student plus ``teachers/strong``, ``teachers/weak_base`` and ``teachers/weak_rl``,
+    each teacher built once under its own cache key."""
+    keys = cfg.teacher_keys()
+    threads = torch.get_num_threads()
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
+    try:
+        strong = _cached(cache_root() / keys["strong"],
+                         "teacher 'strong' (larger, trained longer)",
+                         lambda tmp: _strong_into(tmp, student, cfg, progress), echo)
+        weak = _cached(cache_root() / keys["weak"],
+                       "teachers 'weak_base' / 'weak_rl' (smaller, before / after a short RL run)",
+                       lambda tmp: _weak_into(tmp, student, cfg, progress), echo)
+    finally:
+        torch.set_num_threads(threads)
+
+    def assemble(tmp: Path) -> None:
+        shutil.copytree(student, tmp, dirs_exist_ok=True)
+        shutil.copytree(strong, tmp / "teachers" / "strong", ignore=shutil.ignore_patterns("testbed.json"))
+        for name in ("weak_base", "weak_rl"):
+            shutil.copytree(weak / name, tmp / "teachers" / name)
+        info = json.loads((tmp / "testbed.json").read_text())
+        info["teachers"] = {**json.loads((strong / "testbed.json").read_text()),
+                            **json.loads((weak / "testbed.json").read_text())}
+        for name in TEACHERS:
+            info["teachers"][name]["path"] = f"teachers/{name}"
+        write_json_atomic(tmp / "testbed.json", info)
+
+    key = f"{cfg.size}-{cfg.fingerprint()}-with-{keys['strong'][-12:]}-{keys['weak'][-12:]}"
+    return _cached(cache_root() / key, f"testbed {cfg.size} with its teachers", assemble,
+                   lambda _msg: None)
 
 
 def check_out_dir(out: Path) -> None:
@@ -91,6 +185,23 @@ def check_out_dir(out: Path) -> None:
                        f"it would be replaced, so give a new or empty path instead.")
 
 
+def _cached(folder: Path, what: str, build, echo) -> Path:
+    """``folder`` if it holds a finished build, else ``build(tmp)`` moved there atomically."""
+    if (folder / "testbed.json").is_file():
+        echo(f"{what} found in cache: {folder}")
+        return folder
+    echo(f"building {what} ({folder.name})")
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}."))
+    try:
+        build(tmp)
+        replace_dir_atomic(tmp, folder)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return folder
+
+
 def build_testbed(cfg: TestbedConfig, out: str | Path | None = None, progress: bool = True,
                   echo=print) -> tuple[Path, dict]:
     """Build (or reuse from the cache) the testbed for ``cfg``; copy it to ``out`` if given.
@@ -99,19 +210,10 @@ def build_testbed(cfg: TestbedConfig, out: str | Path | None = None, progress: b
     """
     if out is not None:
         check_out_dir(Path(out))
-    cached = cache_root() / f"{cfg.size}-{cfg.fingerprint()}"
-    if (cached / "testbed.json").is_file():
-        echo(f"testbed {cfg.size} found in cache: {cached}")
-    else:
-        echo(f"building testbed {cfg.size} (fingerprint {cfg.fingerprint()})")
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=cached.parent, prefix=f".{cached.name}."))
-        try:
-            _build_into(tmp, cfg, progress, echo)
-            replace_dir_atomic(tmp, cached)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+    cached = _cached(cache_root() / f"{cfg.size}-{cfg.fingerprint()}", f"testbed {cfg.size}",
+                     lambda tmp: _build_into(tmp, cfg, progress, echo), echo)
+    if cfg.teachers.enabled:
+        cached = _with_teachers(cached, cfg, progress, echo)
     info = json.loads((cached / "testbed.json").read_text())
     target = cached
     if out is not None and Path(out).resolve() != cached.resolve():
@@ -138,4 +240,11 @@ def describe(path: Path, info: dict) -> str:
     for tier, m in sorted(r.get("by_difficulty", {}).items(), key=lambda kv: int(kv[0])):
         lines.append(f"    tier {tier}: pass@1 {m['pass@1']:.3f}  pass@{r['samples']} "
                      f"{m['pass@n']:.3f}  ({m['num_problems']} problems)")
+    teachers = info.get("teachers", {})
+    for name in TEACHERS:
+        if name in teachers:
+            t, tr = teachers[name], teachers[name]["report"]
+            lines.append(f"  teacher {name:9s} {t['path']}  width {t['hidden_size']} x "
+                         f"{t['num_layers']} layers  pass@1 {tr['pass@1']:.3f} "
+                         f"(n={tr['samples']})")
     return "\n".join(lines)

@@ -81,6 +81,48 @@ class TrainSchedule:
 
 
 @dataclass(frozen=True)
+class StrongTeacher:
+    # A larger model than the student, pretrained for longer on the same mix (the held-out
+    # sets stay excluded): the teacher of on-policy distillation.
+    model: ModelShape = field(default_factory=lambda: ModelShape(
+        hidden_size=192, num_layers=4, num_heads=3, num_kv_heads=1, intermediate_size=576))
+    train: TrainSchedule = field(default_factory=lambda: TrainSchedule(steps=1500, lr=2e-3))
+
+
+@dataclass(frozen=True)
+class WeakPair:
+    # A smaller model of the student's family before (`weak_base`) and after (`weak_rl`) a
+    # short REINFORCE run on the held-out RL prompts: the contrast pair of W2S-OPD.
+    model: ModelShape = field(default_factory=lambda: ModelShape(
+        hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=384))
+    train: TrainSchedule = field(default_factory=lambda: TrainSchedule(steps=1000, lr=3e-3))
+    # REINFORCE with the group-mean baseline: steps, prompts per step, samples per prompt,
+    # AdamW learning rate (sampling at temperature 1, up to report.max_tokens tokens).
+    rl_steps: int = 40
+    rl_prompts: int = 16
+    rl_group: int = 8
+    rl_lr: float = 1e-4
+
+    def __post_init__(self):
+        for name in ("rl_prompts", "rl_group"):
+            if getattr(self, name) < 1:
+                raise BadInput(f"teachers.weak.{name} must be at least 1, got "
+                               f"{getattr(self, name)}.")
+        if self.rl_steps < 0 or not self.rl_lr > 0:
+            raise BadInput("teachers.weak.rl_steps must be >= 0 and teachers.weak.rl_lr > 0.")
+
+
+@dataclass(frozen=True)
+class Teachers:
+    # Build the teachers beside the student (under teachers/ in the testbed folder).
+    enabled: bool = True
+    strong: StrongTeacher = field(default_factory=StrongTeacher)
+    weak: WeakPair = field(default_factory=WeakPair)
+    # Samples per held-out problem for each teacher's pass@1 in testbed.json.
+    report_samples: int = 4
+
+
+@dataclass(frozen=True)
 class ReportEval:
     # The build ends with a quick evaluation on the held-out countdown set.
     samples: int = 16
@@ -96,6 +138,7 @@ class TestbedConfig:
     data: DataMix = field(default_factory=DataMix)
     train: TrainSchedule = field(default_factory=TrainSchedule)
     report: ReportEval = field(default_factory=ReportEval)
+    teachers: Teachers = field(default_factory=Teachers)
 
     def fingerprint(self) -> str:
         """A hash of everything that changes the built model: the config (less the report
@@ -103,10 +146,24 @@ class TestbedConfig:
         build is never reused after that code changed."""
         d = to_dict(self)
         d.pop("report")
+        d.pop("teachers")
         h = hashlib.sha256(json.dumps(d, sort_keys=True).encode())
         for source in _builder_sources():
             h.update(source.read_bytes())
         return h.hexdigest()[:16]
+
+    def teacher_keys(self) -> dict[str, str]:
+        """Cache keys of the stronger teacher and of the weak pair: each hashes its own config
+        (and the weak pair its builder's source) on top of the student's fingerprint, whose
+        sources include ``train.py``; so changing one never rebuilds the student or the other."""
+        keys = {}
+        for name in ("strong", "weak"):
+            h = hashlib.sha256(json.dumps(to_dict(getattr(self.teachers, name)),
+                                          sort_keys=True).encode())
+            if name == "weak":
+                h.update((Path(__file__).parent / "teachers.py").read_bytes())
+            keys[name] = f"{self.size}-{self.fingerprint()}-{name}-{h.hexdigest()[:12]}"
+        return keys
 
 
 def _builder_sources() -> list[Path]:

@@ -1,9 +1,11 @@
-"""Distillation methods the trainer runs, as registered functions of one typed input.
+"""Distillation methods the trainer runs, as registered specs over one typed input.
 
-Each method turns the teacher's and the student's log-probs of the student's own sampled
-tokens into per-token advantages for the ordinary policy loss, and may drop rollouts. The
-trainer picks one by ``algo.distill.method``; a new method is one function here, a config
-and a test.
+A method is an advantage transform at the rollout's birth (``DistillInput`` ->
+``DistillOutput``: per-token advantages for the ordinary policy loss, which rollouts stay,
+optional token weights) plus a declaration of what the trainer must compute for it: which
+models it loads, how the teacher scores a rollout, whether it needs the student's entropy,
+hidden states or the teacher's solve rates, and whether a full-distribution divergence joins
+the loss. The trainer reads the declaration; it never branches on a method's name.
 """
 
 from __future__ import annotations
@@ -13,8 +15,10 @@ from typing import Callable
 
 import torch
 
+from gradient.distill.dear import anchor_similarity, dear_weights, decision_mask, evidence_mask
 from gradient.distill.opd import combine_with_reward, reverse_kl_advantage
 from gradient.distill.ra_opd import ra_keep, ra_metrics
+from gradient.distill.rstg import hybrid_advantage, linear_anneal, soft_or_scores, top_fraction
 from gradient.registry import Registry
 
 
@@ -24,15 +28,24 @@ class DistillInput:
 
     # The sampler's log-probs of the sampled tokens (the student that produced them).
     student_logp_B_T: torch.Tensor
-    # The teacher's log-probs of the same tokens given the same prefixes.
+    # The teacher's log-probs of the same tokens given the same prefixes (for avsd the
+    # multi-view target's, for w2s the proxy's).
     teacher_logp_B_T: torch.Tensor
     # 1 on generated tokens, 0 on padding.
     mask_B_T: torch.Tensor
     # The task reward's advantage per rollout (the configured estimator's) and the raw reward.
     reward_adv_B: torch.Tensor
     reward_B: torch.Tensor
-    kl_coef: float
-    reward_coef: float
+    # algo.distill (DistillSettings): coefficients and the method's own knobs.
+    settings: object
+    step: int = 0
+    # Filled when the method's spec asks for them: the student's entropy and hidden states at
+    # each position, whether the rollout's group failed entirely, the teacher's solve rate on
+    # the rollout's prompt.
+    entropy_B_T: torch.Tensor | None = None
+    hidden_B_T_H: torch.Tensor | None = None
+    failed_B: torch.Tensor | None = None
+    omega_B: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -41,37 +54,70 @@ class DistillOutput:
     adv_B_T: torch.Tensor
     keep_B: torch.Tensor
     metrics: dict
+    # Token weights of the divergence loss and of the policy loss (None = all 1).
+    weight_B_T: torch.Tensor | None = None
 
 
-_METHODS: Registry[Callable[[DistillInput], DistillOutput]] = Registry("distillation method")
+@dataclass(frozen=True)
+class MethodSpec:
+    advantages: Callable[[DistillInput], DistillOutput]
+    # Frozen models it loads besides the student: teacher, base (the initial student),
+    # positive, negative.
+    models: tuple[str, ...] = ("teacher",)
+    # How teacher_logp_B_T is made: teacher (the teacher model on the same prompt), views
+    # (the AVSD target over privileged views), w2s (the proxy teacher).
+    scorer: str = "teacher"
+    needs_entropy: bool = False
+    needs_hidden: bool = False
+    needs_solve_rate: bool = False
+    # A full-distribution divergence added to the loss: None, teacher or w2s (its target).
+    divergence: str | None = None
+
+
+_METHODS: Registry[MethodSpec] = Registry("distillation method")
 
 
 def distill_method_names() -> list[str]:
     return _METHODS.names()
 
 
+def method_spec(name: str) -> MethodSpec:
+    """The spec of method ``name``; ValueError naming the valid methods if unknown."""
+    return _METHODS.get(name)
+
+
 def run_distill(name: str, inp: DistillInput) -> DistillOutput:
-    """Method ``name`` on ``inp``; ValueError naming the valid methods if unknown."""
-    return _METHODS.get(name)(inp)
+    return _METHODS.get(name).advantages(inp)
+
+
+def _register(name: str, **declaration):
+    def decorator(fn):
+        _METHODS.register(name)(MethodSpec(fn, **declaration))
+        return fn
+    return decorator
+
+
+def _keep_all(adv_B_T: torch.Tensor) -> torch.Tensor:
+    return torch.ones(adv_B_T.shape[0], dtype=torch.bool, device=adv_B_T.device)
 
 
 def _advantages(inp: DistillInput) -> tuple[torch.Tensor, torch.Tensor]:
+    s = inp.settings
     adv_kl_B_T = reverse_kl_advantage(inp.student_logp_B_T, inp.teacher_logp_B_T, inp.mask_B_T)
-    adv_B_T = combine_with_reward(adv_kl_B_T, inp.reward_coef * inp.reward_adv_B, inp.mask_B_T,
-                                  inp.kl_coef)
+    adv_B_T = combine_with_reward(adv_kl_B_T, s.reward_coef * inp.reward_adv_B, inp.mask_B_T,
+                                  s.kl_coef)
     return adv_kl_B_T, adv_B_T
 
 
-@_METHODS.register("opd")
+@_register("opd")
 def opd(inp: DistillInput) -> DistillOutput:
     """On-policy distillation (Thinking Machines / Tinker): every rollout, advantage
     ``reward_coef * A_reward + kl_coef * -(log pi_S - log pi_T)`` per token."""
     _, adv_B_T = _advantages(inp)
-    keep_B = torch.ones(adv_B_T.shape[0], dtype=torch.bool, device=adv_B_T.device)
-    return DistillOutput(adv_B_T, keep_B, {})
+    return DistillOutput(adv_B_T, _keep_all(adv_B_T), {})
 
 
-@_METHODS.register("ra_opd")
+@_register("ra_opd")
 def ra_opd(inp: DistillInput) -> DistillOutput:
     """RA-OPD (Gan et al. 2026, arXiv 2608.27960; see ``ra_opd``): OPD on the rollouts whose
     length-normalised distillation return agrees in sign with the outcome ``2 R - 1``
@@ -83,3 +129,69 @@ def ra_opd(inp: DistillInput) -> DistillOutput:
     keep_B = ra_keep(adv_kl_B_T, inp.mask_B_T, outcome_B)
     return DistillOutput(adv_B_T, keep_B, {k: float(v) for k, v in
                                            ra_metrics(keep_B, inp.mask_B_T).items()})
+
+
+@_register("rstg", needs_entropy=True, needs_solve_rate=True)
+def rstg(inp: DistillInput) -> DistillOutput:
+    """RSTG (Han et al. 2026, arXiv 2608.00782; see ``rstg``): the configured GRPO advantage
+    on every group with a success; in groups where every rollout failed, ``beta * omega *
+    (log pi_T - log pi_S)`` on the top ``token_frac`` tokens by the soft-OR of student entropy
+    and divergence, beta annealed per step, omega the teacher's solve rate on the prompt. The
+    SFT term on the teacher's correct trajectory is added by the trainer as extra rows (see
+    ``trainer.distill_advantages``)."""
+    r = inp.settings.rstg
+    adv_kl_B_T = reverse_kl_advantage(inp.student_logp_B_T, inp.teacher_logp_B_T, inp.mask_B_T)
+    score_B_T = soft_or_scores(inp.entropy_B_T, adv_kl_B_T, inp.mask_B_T)
+    select_B_T = top_fraction(score_B_T, inp.mask_B_T, r.token_frac)
+    beta = linear_anneal(inp.step, r.beta_init, r.beta_decay, r.beta_floor)
+    adv_B_T = hybrid_advantage(inp.reward_adv_B, adv_kl_B_T, inp.failed_B, inp.omega_B, beta,
+                               select_B_T, inp.mask_B_T)
+    failed = inp.failed_B.float()
+    return DistillOutput(adv_B_T, _keep_all(adv_B_T), {
+        "beta": beta, "failed_frac": float(failed.mean()),
+        "omega_mean": float((inp.omega_B * failed).sum() / failed.sum().clamp(min=1)),
+        "selected_frac": float(select_B_T.sum() / inp.mask_B_T.sum().clamp(min=1))})
+
+
+@_register("dear", needs_entropy=True, needs_hidden=True)
+def dear(inp: DistillInput) -> DistillOutput:
+    """DEAR (Xiao et al. 2026, arXiv 2606.22830; the project's reading in ``dear``): OPD
+    whose token losses are weighted towards decisions (high student entropy) and their
+    evidence (hidden states similar to a decision's, boosted by divergence), weights
+    normalised to mean 1 over the batch's tokens."""
+    d = inp.settings.dear
+    adv_kl_B_T, adv_B_T = _advantages(inp)
+    decision_B_T = decision_mask(inp.entropy_B_T, inp.mask_B_T, d.q)
+    sim_B_T = anchor_similarity(inp.hidden_B_T_H, decision_B_T, inp.mask_B_T, window=d.window)
+    evidence_B_T = evidence_mask(sim_B_T, adv_kl_B_T, decision_B_T, inp.mask_B_T, d.r, d.boost)
+    weight_B_T = dear_weights(decision_B_T, evidence_B_T, inp.mask_B_T, d.w_decision,
+                              d.w_evidence, d.w_other).to(adv_B_T.dtype)
+    tokens = inp.mask_B_T.sum().clamp(min=1)
+    return DistillOutput(adv_B_T * weight_B_T, _keep_all(adv_B_T), {
+        "decision_frac": float(decision_B_T.sum() / tokens),
+        "evidence_frac": float(evidence_B_T.sum() / tokens)})
+
+
+@_register("avsd", models=("base",), scorer="views")
+def avsd(inp: DistillInput) -> DistillOutput:
+    """AVSD (Nguyen et al. 2026, arXiv 2605.20643; see ``avsd``), sampled-token form: the
+    teacher log-prob is the bounded consensus target ``log q*`` over the privileged views at
+    the sampled token, and the advantage is ``log q* - log pi_S`` (the paper's Tinker-form
+    variant). The full-support reverse KL (``avsd.support_reverse_kl``) is not wired."""
+    _, adv_B_T = _advantages(inp)
+    return DistillOutput(adv_B_T, _keep_all(adv_B_T), {})
+
+
+def _reward_only(inp: DistillInput) -> DistillOutput:
+    """The task-reward part of the advantage only (its weight ``reward_coef``, 0 = none):
+    the distillation signal of these methods is the divergence term of the loss."""
+    s, mask_B_T = inp.settings, inp.mask_B_T
+    adv_B_T = (s.reward_coef * inp.reward_adv_B.to(mask_B_T.dtype))[:, None] * mask_B_T
+    return DistillOutput(adv_B_T, _keep_all(adv_B_T), {})
+
+
+# GKD's generalized JSD to the teacher over the full vocabulary or its top-K (``opd``).
+_register("gjsd", divergence="teacher")(_reward_only)
+# W2S-OPD: reverse KL to the proxy teacher base + alpha (positive - negative) (``w2s``).
+_register("w2s", models=("base", "positive", "negative"), scorer="w2s",
+          divergence="w2s")(_reward_only)
