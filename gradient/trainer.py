@@ -107,7 +107,8 @@ def freeze_behaviour(edges: Edges, rows: list[dict], cfg: GRPORunConfig) -> dict
     old_B_T, _, mask_B_T = completion_logprobs(
         edges.model, prompts, comps, temperature=cfg.rollout.temperature,
         pad_id=edges.tokenizer.pad_token_id, with_entropy=False, micro_batch=cfg.micro_batch)
-    engine_B_T = pad_rows([r["engine_logp"] or [] for r in fresh], old_B_T.shape[1], old_B_T.device)
+    engine_B_T = pad_rows([r["engine_logp"] or [] for r in fresh], old_B_T.shape[1],
+                          old_B_T.device)
     # Rows the sampler did not produce (RSTG's teacher trajectories) get no correction.
     sampled_B_1 = torch.tensor([r["engine_logp"] is not None for r in fresh],
                                device=old_B_T.device)[:, None]
