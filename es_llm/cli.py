@@ -42,13 +42,18 @@ def build_parser(plugins: dict | None = None) -> argparse.ArgumentParser:
         description=textwrap.dedent("""\
             Build the embedded testbed deterministically from its config: held-out problem
             sets (data/countdown_eval.jsonl, countdown_rl.jsonl, arithmetic_eval.jsonl), a
-            character-level tokenizer and a small Qwen2 model pretrained on procedurally
-            generated Countdown and arithmetic solutions. Builds are cached by a hash of the
-            config under $ES_LLM_CACHE (default ~/.cache/es-llm) and copied to --out."""),
+            character-level tokenizer and a small Llama-architecture model pretrained on
+            procedurally generated Countdown and arithmetic solutions; then its distillation
+            teachers under teachers/: strong (larger, trained longer) and weak_base /
+            weak_rl (a smaller model before and after a short REINFORCE run), all with the
+            student's tokenizer (teachers.enabled=false skips them; teachers.* sets their
+            shapes and schedules). Builds are cached by a hash of the config and builder
+            code under $ES_LLM_CACHE (default ~/.cache/es-llm), each teacher on its own key,
+            and copied to --out."""),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     tb.add_argument("--size", choices=["ci", "default"], default="default",
-                    help="preset: 'ci' (tiny, about a minute) or 'default' (up to 10 minutes on "
-                         "2 cores)")
+                    help="preset: 'ci' (tiny, about 2.5 minutes with its teachers) or 'default' "
+                         "(about 7 minutes on 2 cores, plus about 20 for its teachers)")
     _add_common(tb, out_required=False)
 
     ev = sub.add_parser(
