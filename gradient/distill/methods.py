@@ -1,8 +1,8 @@
 """Distillation methods the trainer runs, as registered specs over one typed input.
 
 A method is an advantage transform at the rollout's birth (``DistillInput`` ->
-``DistillOutput``: per-token advantages for the ordinary policy loss, which rollouts stay,
-optional token weights) plus a declaration of what the trainer must compute for it: which
+``DistillOutput``: per-token advantages for the ordinary policy loss and which rollouts
+stay) plus a declaration of what the trainer must compute for it: which
 models it loads, how the teacher scores a rollout, whether it needs the student's entropy,
 hidden states or the teacher's solve rates, and whether a full-distribution divergence joins
 the loss. The trainer reads the declaration; it never branches on a method's name.
@@ -54,8 +54,6 @@ class DistillOutput:
     adv_B_T: torch.Tensor
     keep_B: torch.Tensor
     metrics: dict
-    # Token weights of the divergence loss and of the policy loss (None = all 1).
-    weight_B_T: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
