@@ -109,7 +109,7 @@ def _teacher_info(folder: Path, data_dir: Path, cfg: TestbedConfig, progress: bo
 
 
 def _strong_into(tmp: Path, student: Path, cfg: TestbedConfig, progress: bool) -> None:
-    """The stronger teacher: a larger model pretrained longer (``train.pretrain``)."""
+    """The stronger teacher: a larger model pretrained longer (``pretrain``)."""
     s = cfg.teachers.strong
     t0 = time.perf_counter()
     tokenizer = build_tokenizer()

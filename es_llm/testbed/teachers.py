@@ -1,5 +1,5 @@
 """The testbed's weak pair for weak-to-strong distillation (the stronger teacher is
-``train.pretrain`` with its own shape and schedule), with the student's tokenizer.
+``build.pretrain`` with its own shape and schedule), with the student's tokenizer.
 
 - ``weak_base`` / ``weak_rl``: a smaller model of the student's family, and the same model
   after a short REINFORCE run (group-mean baseline, binary task reward) on the held-out RL
