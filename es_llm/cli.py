@@ -28,6 +28,21 @@ def _add_common(p: argparse.ArgumentParser, out_required: bool) -> None:
     p.add_argument("overrides", nargs="*", metavar="key=value", help=OVERRIDES_HELP)
 
 
+def _add_sampling_flags(p: argparse.ArgumentParser) -> None:
+    """What and how `eval` and `compare` sample (the fields of EvalConfig)."""
+    p.add_argument("--task", help="task name: countdown, arithmetic or math")
+    p.add_argument("--data", help="local JSONL/JSON/parquet file of problems for the task "
+                                  "(default: a testbed model's own held-out set)")
+    p.add_argument("--limit", type=int, help="use only the first LIMIT problems")
+    p.add_argument("--n", type=int, help="samples per problem (default 64)")
+    p.add_argument("--temperature", type=float, help="sampling temperature, 0 = greedy (default 1.0)")
+    p.add_argument("--top-p", type=float, help="nucleus sampling threshold (default 1.0)")
+    p.add_argument("--max-tokens", type=int, help="longest completion in tokens (default 64)")
+    p.add_argument("--seed", type=int, help="sampling seed (default 0)")
+    p.add_argument("--backend", choices=["auto", "hf", "vllm"],
+                   help="generation backend; auto = vLLM when installed (default auto)")
+
+
 def build_parser(plugins: dict | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="es-llm",
@@ -47,7 +62,9 @@ def build_parser(plugins: dict | None = None) -> argparse.ArgumentParser:
             teachers under teachers/: strong (larger, trained longer) and weak_base /
             weak_rl (a smaller model before and after a short REINFORCE run), all with the
             student's tokenizer (teachers.enabled=false skips them; teachers.* sets their
-            shapes and schedules). Builds are cached by a hash of the config and builder
+            shapes and schedules); and a masked-diffusion LM under diffusion/ (a ModernBERT
+            encoder trained with LLaDA's objective on the same mix and tokenizer, with its
+            sampler settings; diffusion.enabled=false skips it, diffusion.* configures it). Builds are cached by a hash of the config and builder
             code under $ES_LLM_CACHE (default ~/.cache/es-llm), each teacher on its own key,
             and copied to --out."""),
         formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -63,19 +80,12 @@ def build_parser(plugins: dict | None = None) -> argparse.ArgumentParser:
             DIR/samples.jsonl (one line per sample) and DIR/metrics.json (pass@k for
             k = 1, 2, 4, ... up to N with 95% bootstrap CIs over problems, maj@k, pass^k,
             coverage, diversity). A testbed model is evaluated on its own held-out set
-            unless --data is given; other models use the task's generator or --data."""),
+            unless --data is given; other models use the task's generator or --data. A
+            masked-diffusion model (a folder with diffusion_sampling.json, such as the
+            testbed's diffusion/) decodes with the sampler saved beside it."""),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     ev.add_argument("--model", help="Hugging Face model folder (e.g. from `es-llm testbed`)")
-    ev.add_argument("--task", help="task name: countdown, arithmetic or math")
-    ev.add_argument("--data", help="local JSONL/JSON/parquet file of problems for the task")
-    ev.add_argument("--limit", type=int, help="evaluate only the first LIMIT problems")
-    ev.add_argument("--n", type=int, help="samples per problem (default 64)")
-    ev.add_argument("--temperature", type=float, help="sampling temperature, 0 = greedy (default 1.0)")
-    ev.add_argument("--top-p", type=float, help="nucleus sampling threshold (default 1.0)")
-    ev.add_argument("--max-tokens", type=int, help="longest completion in tokens (default 64)")
-    ev.add_argument("--seed", type=int, help="sampling seed (default 0)")
-    ev.add_argument("--backend", choices=["auto", "hf", "vllm"],
-                    help="generation backend; auto = vLLM when installed (default auto)")
+    _add_sampling_flags(ev)
     _add_common(ev, out_required=True)
 
     es = sub.add_parser(
@@ -94,6 +104,30 @@ def build_parser(plugins: dict | None = None) -> argparse.ArgumentParser:
                          "such as iterations=N still apply), its ledger is replayed from the "
                          "base model to rebuild the weights exactly, and it goes on from there")
     _add_common(es, out_required=False)
+    cmp = sub.add_parser(
+        "compare", help="compare models on the same problems: pass@k, coverage, diversity",
+        description=textwrap.dedent("""\
+            Sample every model with identical settings and seeds on the same problems (or
+            reuse its samples.jsonl), then write DIR/report.md and DIR/report.html with PNG
+            figures under DIR/figures/, and DIR/comparison.json with every number in them:
+            pass@k for k = 1..n with 95% bootstrap bands and crossovers; coverage, overlaps,
+            per-problem accuracy histograms, progressions and regressions against the
+            reference model; answer entropy (also on regressions), distinct answers,
+            distinct-n, self-BLEU and distinct correct solutions; training curves of the runs
+            the checkpoints came from. Several training seeds of one method are named
+            method@seed and reported as a group (seed spread beside the bootstrap CIs)."""),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    cmp.add_argument("--models", nargs="+", metavar="NAME=PATH",
+                     help="models to compare: PATH is a model folder (sampled here into "
+                          "DIR/samples/NAME), an `es-llm eval` folder or a samples.jsonl "
+                          "(reused); NAME is a method or method@seed, e.g. base=runs/testbed "
+                          "es@0=runs/es-0/checkpoints/final. key=value overrides with dotted "
+                          "keys may follow them")
+    cmp.add_argument("--reference", metavar="NAME",
+                     help="model or method the others are measured against (default base)")
+    _add_sampling_flags(cmp)
+    cmp.add_argument("--bootstrap", type=int, help="bootstrap resamples per interval (default 1000)")
+    _add_common(cmp, out_required=True)
     for command in (plugin_commands() if plugins is None else plugins).values():
         command.add_parser(sub, _add_common)
     return parser
@@ -144,6 +178,24 @@ def run_eval(args) -> None:
     cfg = load_config(EvalConfig, path=args.config, flags=_eval_flags(args),
                       overrides=args.overrides)
     evaluate(cfg, args.out, progress=not args.no_progress)
+
+
+def run_compare(args) -> None:
+    from es_llm.compare.run import CompareConfig, compare
+    from es_llm.config import load_config
+
+    flags = _eval_flags(argparse.Namespace(**{**vars(args), "model": None}))
+    models, overrides = [], list(args.overrides)
+    for entry in args.models or []:
+        # key=value overrides may follow the model list; their keys are dotted.
+        (overrides if "." in entry.split("=", 1)[0] else models).append(entry)
+    if models:
+        flags["models"] = models
+    for key in ("reference", "bootstrap"):
+        if getattr(args, key) is not None:
+            flags[key] = getattr(args, key)
+    cfg = load_config(CompareConfig, path=args.config, flags=flags, overrides=overrides)
+    compare(cfg, args.out, progress=not args.no_progress)
 
 
 def run_folder(args, what: str, command: str, needs: tuple[str, ...]) -> tuple[Path, object]:
@@ -202,7 +254,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(stray)}")
     args.overrides = list(args.overrides) + extra
     try:
-        commands = {"testbed": run_testbed, "eval": run_eval, "es": run_es}
+        commands = {"testbed": run_testbed, "eval": run_eval, "es": run_es,
+                    "compare": run_compare}
         commands.update({name: c.run for name, c in plugins.items()})
         commands[args.command](args)
     except BadInput as exc:

@@ -9,6 +9,9 @@ import tempfile
 from pathlib import Path
 from typing import Iterable
 
+# The sampler settings a masked-diffusion model folder carries (see es_llm/diffusion).
+SAMPLING_FILE = "diffusion_sampling.json"
+
 
 def write_text_atomic(path: str | Path, text: str) -> None:
     path = Path(path)
@@ -79,6 +82,10 @@ def save_hf_checkpoint(model, tokenizer, folder: str | Path, data_from: str | Pa
     data = Path(data_from) / "data" if data_from is not None else None
     if data is not None and data.is_dir():
         shutil.copytree(data, tmp / "data")
+    # A diffusion model's sampler settings travel too, so its checkpoints decode the same way.
+    sampler = Path(data_from) / SAMPLING_FILE if data_from is not None else None
+    if sampler is not None and sampler.is_file():
+        shutil.copy2(sampler, tmp / SAMPLING_FILE)
     if extra is not None:
         extra(tmp)
     replace_dir_atomic(tmp, folder)

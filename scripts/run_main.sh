@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# Set everything up and run the main job on the embedded testbed: build the default base
-# model and evaluate it on its held-out Countdown set (64 samples per problem, T = 1.0).
-# The distillation teachers are left out here (about 20 more minutes); running
-# `es-llm testbed --size default --out runs/main/testbed` adds them to the cached student.
+# Set everything up and run the main job on the embedded testbed: the head-to-head
+# experiment. It builds the default base model, trains ES (mpirun -n 2) and GRPO from it at
+# the same budget of generated samples with 3 training seeds each, samples every final
+# checkpoint and the base model 64 times per held-out problem, and writes the comparison
+# report to OUT/compare/ (report.md, report.html, comparison.json, figures/). About 50
+# minutes on 2 cores; rerunning skips what is done and resumes an interrupted run.
+#
+#   bash scripts/run_main.sh [OUT]          # OUT defaults to runs/main
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 VENV=${ES_LLM_VENV:-.venv}
 OUT=${1:-runs/main}
-"$VENV/bin/es-llm" testbed --size default --out "$OUT/testbed" teachers.enabled=false
-"$VENV/bin/es-llm" eval --model "$OUT/testbed" --task countdown --n 64 --temperature 1.0 \
-    --out "$OUT/eval-base"
+export PATH="$PWD/$VENV/bin:$PATH"
+"$VENV/bin/python" scripts/experiment.py --config configs/experiment_countdown.yaml --out "$OUT"

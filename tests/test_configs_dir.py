@@ -41,5 +41,17 @@ def test_grpo_family_configs_load_and_are_exercised(path):
 
 
 def test_every_config_belongs_to_a_command():
-    known = ("eval_", "es_") + GRADIENT_PREFIXES
+    known = ("eval_", "es_", "experiment_") + GRADIENT_PREFIXES
     assert all(p.name.startswith(known) for p in CONFIGS.glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", sorted(CONFIGS.glob("experiment_*.yaml")), ids=lambda p: p.name)
+def test_experiment_configs_load_and_split_their_budget(path):
+    import sys
+
+    sys.path.insert(0, str(CONFIGS.parent / "scripts"))
+    import experiment
+
+    cfg = load_config(experiment.ExperimentConfig, path=path)
+    steps = experiment.plan(cfg)
+    assert steps["es"] >= 1 and steps["grpo"] >= 1 and len(cfg.seeds) == 3

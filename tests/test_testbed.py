@@ -25,7 +25,8 @@ def tiny(seed=0, *extra):
         f"seed={seed}", "train.steps=6", "data.eval_per_tier=3", "data.rl_per_tier=3",
         "report.samples=2", "report.max_tokens=8", "teachers.strong.train.steps=4",
         "teachers.weak.train.steps=4", "teachers.weak.rl_steps=2", "teachers.weak.rl_prompts=3",
-        "teachers.weak.rl_group=2", "teachers.report_samples=1", *extra])
+        "teachers.weak.rl_group=2", "teachers.report_samples=1", "diffusion.enabled=true",
+        "diffusion.train.steps=4", *extra])
 
 
 def weights_digest(path) -> str:
@@ -38,6 +39,7 @@ def test_build_is_deterministic_and_cached(tmp_path, monkeypatch):
     monkeypatch.setenv("ES_LLM_CACHE", str(tmp_path / "cache-b"))
     b, _ = build_testbed(tiny(), tmp_path / "b", progress=False, echo=lambda *_: None)
     assert weights_digest(a) == weights_digest(b)
+    assert weights_digest(a / "diffusion") == weights_digest(b / "diffusion")
     assert (a / "data" / "countdown_eval.jsonl").read_text() == \
         (b / "data" / "countdown_eval.jsonl").read_text()
     # A second request for the same config is served from the cache, not rebuilt.

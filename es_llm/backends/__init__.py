@@ -23,6 +23,14 @@ def make_backend(name: str, model_path: str, max_model_len: int | None = None,
     """
     if name not in BACKEND_NAMES:
         raise BadInput(f"unknown backend {name!r}; valid choices are: {', '.join(BACKEND_NAMES)}.")
+    from es_llm.backends.diffusion import DiffusionBackend, is_diffusion_model
+    if is_diffusion_model(model_path):
+        # A masked-diffusion model decodes with the project's samplers on transformers;
+        # vLLM has no engine for it here.
+        if name == "vllm":
+            raise BadInput(f"{model_path} is a masked-diffusion model, which the vllm backend "
+                           f"cannot serve; use backend=auto or hf (the diffusion sampler).")
+        return DiffusionBackend(model_path)
     if name == "auto":
         name = "vllm" if vllm_available() else "hf"
     if name == "vllm":

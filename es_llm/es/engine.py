@@ -113,7 +113,11 @@ def step(edges: Edges, es_cfg: pes.ESConfig, state: pes.ESState, problems: list[
     state, es_metrics = pes.tell(es_cfg, state, rewards_N_P)
     edges.weights.set_master(state.params)
     metrics = {f"es/{k}": v for k, v in es_metrics.items()}
-    metrics.update({"perf/iter_s": time.perf_counter() - t0, "perf/eval_s": t_eval})
+    # Greedy rollouts generated so far (every member on every prompt): the budget axis the
+    # comparison report shares with the gradient trainers' samples/generated.
+    samples = (iteration + 1) * len(members) * len(batch)
+    metrics.update({"samples/generated": float(samples), "perf/iter_s": time.perf_counter() - t0,
+                    "perf/eval_s": t_eval})
     ledger = {"iteration": iteration, "run_seed": cfg.seed,
               "members": [[m.direction, m.sign] for m in members],
               "prompt_ids": [p.id for p in batch],

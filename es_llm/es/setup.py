@@ -7,6 +7,7 @@ import os
 import torch
 
 from es_llm.backends import require_vllm
+from es_llm.backends.diffusion import DiffusionBackend, is_diffusion_model
 from es_llm.backends.vllm_backend import vllm_available
 from es_llm.errors import BadInput
 from es_llm.es.config import ESRunConfig
@@ -17,7 +18,7 @@ from es_llm.tasks import build_task
 
 
 def build_edges(cfg: ESRunConfig, comm) -> tuple[Edges, list]:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
 
     from es_llm.backends.hf import HFBackend
 
@@ -32,12 +33,22 @@ def build_edges(cfg: ESRunConfig, comm) -> tuple[Edges, list]:
     # Ranks share the machine's cores; one rank gets them all.
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // comm.size))
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)
-    model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=getattr(torch, cfg.dtype))
+    diffusion = is_diffusion_model(cfg.model)
+    if diffusion and cfg.backend == "vllm":
+        raise BadInput(f"{cfg.model} is a masked-diffusion model, which the vllm backend cannot "
+                       f"serve; use backend=auto or hf (its members decode with the diffusion "
+                       f"sampler).")
+    auto_class = AutoModelForMaskedLM if diffusion else AutoModelForCausalLM
+    model = auto_class.from_pretrained(cfg.model, dtype=getattr(torch, cfg.dtype))
     model.to(cfg.device)
     names = select_parameters(model, cfg.es.params, cfg.es.param_pattern)
     weights = ModuleWeights(model, names)
-    use_vllm = cfg.backend == "vllm" or (cfg.backend == "auto" and vllm_available())
-    if use_vllm:
+    use_vllm = not diffusion and (
+        cfg.backend == "vllm" or (cfg.backend == "auto" and vllm_available()))
+    if diffusion:
+        # Perturbation is the same in-place edit of the module; only decoding differs.
+        backend = DiffusionBackend(cfg.model, model=model, tokenizer=tokenizer, device=cfg.device)
+    elif use_vllm:
         require_vllm()
         from es_llm.backends.vllm_backend import VLLMBackend
         from es_llm.backends.vllm_weights import VLLMWeights

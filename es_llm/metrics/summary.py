@@ -19,14 +19,14 @@ from es_llm.metrics.passk import (
 )
 
 
-def _json_safe(value):
+def json_safe(value):
     """Plain Python types for json.dump; NaN / inf become None since JSON has no NaN."""
     if isinstance(value, dict):
-        return {str(key): _json_safe(item) for key, item in value.items()}
+        return {str(key): json_safe(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_json_safe(item) for item in value]
+        return [json_safe(item) for item in value]
     if isinstance(value, np.ndarray):
-        return _json_safe(value.tolist())
+        return json_safe(value.tolist())
     if isinstance(value, (bool, np.bool_)):
         return bool(value)
     if isinstance(value, (int, np.integer)):
@@ -146,7 +146,7 @@ def evaluation_metrics(
     )
     if difficulties is not None:
         metrics["by_difficulty"] = _by_difficulty(difficulties, pass_P_by_k[1], pass_P_by_k[n])
-    return _json_safe(metrics)
+    return json_safe(metrics)
 
 
 def _fmt(value, digits: int = 3) -> str:

@@ -41,8 +41,9 @@ def _countdown_task(folder: Path, split: str):
 
 
 def _report(model_dir: Path, data_dir: Path, cfg: TestbedConfig, progress: bool,
-            samples: int | None = None) -> dict:
-    """pass@k of a fresh model on the held-out Countdown set (transformers backend)."""
+            samples: int | None = None, backend=None) -> dict:
+    """pass@k of a fresh model on the held-out Countdown set (transformers backend, or the
+    one given)."""
     from es_llm.backends.hf import HFBackend
     from es_llm.evaluate import metrics_from_rows, sample_and_score
 
@@ -52,7 +53,8 @@ def _report(model_dir: Path, data_dir: Path, cfg: TestbedConfig, progress: bool,
     try:
         params = SamplingParams(n=n, temperature=r.temperature, max_tokens=r.max_tokens,
                                 seed=cfg.seed)
-        rows = sample_and_score(HFBackend(str(model_dir)), task, task.problems(), params, progress)
+        rows = sample_and_score(backend or HFBackend(str(model_dir)), task, task.problems(),
+                                params, progress)
     finally:
         task.close()
     m = metrics_from_rows(rows, n, bootstrap=200)
@@ -140,37 +142,77 @@ def _weak_into(tmp: Path, student: Path, cfg: TestbedConfig, progress: bool) -> 
     write_json_atomic(tmp / "testbed.json", info)
 
 
-def _with_teachers(student: Path, cfg: TestbedConfig, progress: bool, echo) -> Path:
-    """The student plus ``teachers/strong``, ``teachers/weak_base`` and ``teachers/weak_rl``,
-    each teacher built once under its own cache key."""
-    keys = cfg.teacher_keys()
+def _diffusion_into(tmp: Path, student: Path, cfg: TestbedConfig, progress: bool) -> None:
+    """The masked-diffusion model (``diffusion.py``), its sampler settings and its pass@k."""
+    from es_llm.backends.diffusion import SAMPLING_FILE, DiffusionBackend
+    from es_llm.testbed.diffusion import make_diffusion_model, train_diffusion
+
+    t0 = time.perf_counter()
+    tokenizer = build_tokenizer()
+    _, excluded = held_out_sets(cfg)
+    model = make_diffusion_model(cfg, tokenizer)
+    stats = train_diffusion(model, tokenizer, cfg, excluded, progress)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    write_json_atomic(tmp / SAMPLING_FILE, to_dict(cfg.diffusion.sampling))
+    build_s = round(time.perf_counter() - t0, 1)
+    backend = DiffusionBackend(str(tmp), model=model, tokenizer=tokenizer)
+    info = {"diffusion": {"train": stats, "parameters": _count_params(model), "build_s": build_s,
+                          "sampling": to_dict(cfg.diffusion.sampling),
+                          "report": _report(tmp, student, cfg, progress, backend=backend)}}
+    write_json_atomic(tmp / "testbed.json", info)
+
+
+def _with_extras(student: Path, cfg: TestbedConfig, progress: bool, echo) -> Path:
+    """The student plus what the config enables, each part built once under its own cache
+    key: ``teachers/strong``, ``teachers/weak_base``, ``teachers/weak_rl`` and
+    ``diffusion/`` (the masked-diffusion model)."""
+    parts: dict[str, Path] = {}
     threads = torch.get_num_threads()
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     try:
-        strong = _cached(cache_root() / keys["strong"],
-                         "teacher 'strong' (larger, trained longer)",
-                         lambda tmp: _strong_into(tmp, student, cfg, progress), echo)
-        weak = _cached(cache_root() / keys["weak"],
-                       "teachers 'weak_base' / 'weak_rl' (smaller, before / after a short RL run)",
-                       lambda tmp: _weak_into(tmp, student, cfg, progress), echo)
+        if cfg.teachers.enabled:
+            keys = cfg.teacher_keys()
+            parts["strong"] = _cached(cache_root() / keys["strong"],
+                                      "teacher 'strong' (larger, trained longer)",
+                                      lambda tmp: _strong_into(tmp, student, cfg, progress), echo)
+            parts["weak"] = _cached(
+                cache_root() / keys["weak"],
+                "teachers 'weak_base' / 'weak_rl' (smaller, before / after a short RL run)",
+                lambda tmp: _weak_into(tmp, student, cfg, progress), echo)
+        if cfg.diffusion.enabled:
+            parts["diffusion"] = _cached(cache_root() / cfg.diffusion_key(),
+                                         "masked-diffusion model 'diffusion'",
+                                         lambda tmp: _diffusion_into(tmp, student, cfg, progress),
+                                         echo)
     finally:
         torch.set_num_threads(threads)
+    if not parts:
+        return student
 
     def assemble(tmp: Path) -> None:
         shutil.copytree(student, tmp, dirs_exist_ok=True)
-        shutil.copytree(strong, tmp / "teachers" / "strong", ignore=shutil.ignore_patterns("testbed.json"))
-        for name in ("weak_base", "weak_rl"):
-            shutil.copytree(weak / name, tmp / "teachers" / name)
         info = json.loads((tmp / "testbed.json").read_text())
-        info["teachers"] = {**json.loads((strong / "testbed.json").read_text()),
-                            **json.loads((weak / "testbed.json").read_text())}
-        for name in TEACHERS:
-            info["teachers"][name]["path"] = f"teachers/{name}"
+        if "strong" in parts:
+            shutil.copytree(parts["strong"], tmp / "teachers" / "strong",
+                            ignore=shutil.ignore_patterns("testbed.json"))
+            for name in ("weak_base", "weak_rl"):
+                shutil.copytree(parts["weak"] / name, tmp / "teachers" / name)
+            info["teachers"] = {**json.loads((parts["strong"] / "testbed.json").read_text()),
+                                **json.loads((parts["weak"] / "testbed.json").read_text())}
+            for name in TEACHERS:
+                info["teachers"][name]["path"] = f"teachers/{name}"
+        if "diffusion" in parts:
+            shutil.copytree(parts["diffusion"], tmp / "diffusion",
+                            ignore=shutil.ignore_patterns("testbed.json"))
+            shutil.copytree(student / "data", tmp / "diffusion" / "data")
+            info["diffusion"] = json.loads((parts["diffusion"] / "testbed.json").read_text())["diffusion"]
+            info["diffusion"]["path"] = "diffusion"
         write_json_atomic(tmp / "testbed.json", info)
 
-    key = f"{cfg.size}-{cfg.fingerprint()}-with-{keys['strong'][-12:]}-{keys['weak'][-12:]}"
-    return _cached(cache_root() / key, f"testbed {cfg.size} with its teachers", assemble,
+    key = f"{cfg.size}-{cfg.fingerprint()}-with-" + "-".join(p.name[-12:] for p in parts.values())
+    return _cached(cache_root() / key, f"testbed {cfg.size} with {', '.join(parts)}", assemble,
                    lambda _msg: None)
 
 
@@ -212,8 +254,7 @@ def build_testbed(cfg: TestbedConfig, out: str | Path | None = None, progress: b
         check_out_dir(Path(out))
     cached = _cached(cache_root() / f"{cfg.size}-{cfg.fingerprint()}", f"testbed {cfg.size}",
                      lambda tmp: _build_into(tmp, cfg, progress, echo), echo)
-    if cfg.teachers.enabled:
-        cached = _with_teachers(cached, cfg, progress, echo)
+    cached = _with_extras(cached, cfg, progress, echo)
     info = json.loads((cached / "testbed.json").read_text())
     target = cached
     if out is not None and Path(out).resolve() != cached.resolve():

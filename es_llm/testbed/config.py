@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from es_llm.config import load_config, to_dict
+from es_llm.diffusion.sampler import DiffusionSampling
 from es_llm.errors import BadInput
 
 SIZES = ("ci", "default")
@@ -123,6 +124,35 @@ class Teachers:
 
 
 @dataclass(frozen=True)
+class EncoderShape:
+    # ModernBERT encoder of the diffusion model: width, depth, heads, GeGLU MLP width.
+    hidden_size: int = 128
+    num_layers: int = 4
+    num_heads: int = 4
+    intermediate_size: int = 256
+    max_positions: int = 256
+
+    def __post_init__(self):
+        if self.hidden_size % self.num_heads:
+            raise BadInput(f"diffusion.model: hidden_size ({self.hidden_size}) must be "
+                           f"divisible by num_heads ({self.num_heads}).")
+
+
+@dataclass(frozen=True)
+class DiffusionLM:
+    # Build a masked-diffusion LM beside the student (under diffusion/ in the testbed folder):
+    # the same data mix and tokenizer, a bidirectional encoder, LLaDA's objective. Off by
+    # default until its calibration reaches non-zero pass rates (docs/benchmarks.md).
+    enabled: bool = False
+    model: EncoderShape = field(default_factory=EncoderShape)
+    train: TrainSchedule = field(default_factory=lambda: TrainSchedule(steps=2000, lr=1e-3))
+    # The sampler saved with the model (diffusion_sampling.json), which evaluation, ES and
+    # RL use unless told otherwise; gen_length is also the training canvas.
+    sampling: DiffusionSampling = field(default_factory=lambda: DiffusionSampling(
+        gen_length=64, block_length=16, steps=32))
+
+
+@dataclass(frozen=True)
 class ReportEval:
     # The build ends with a quick evaluation on the held-out countdown set.
     samples: int = 16
@@ -139,6 +169,7 @@ class TestbedConfig:
     train: TrainSchedule = field(default_factory=TrainSchedule)
     report: ReportEval = field(default_factory=ReportEval)
     teachers: Teachers = field(default_factory=Teachers)
+    diffusion: DiffusionLM = field(default_factory=DiffusionLM)
 
     def fingerprint(self) -> str:
         """A hash of everything that changes the built model: the config (less the report
@@ -147,6 +178,7 @@ class TestbedConfig:
         d = to_dict(self)
         d.pop("report")
         d.pop("teachers")
+        d.pop("diffusion")
         h = hashlib.sha256(json.dumps(d, sort_keys=True).encode())
         for source in _builder_sources():
             h.update(source.read_bytes())
@@ -164,6 +196,16 @@ class TestbedConfig:
                 h.update((Path(__file__).parent / "teachers.py").read_bytes())
             keys[name] = f"{self.size}-{self.fingerprint()}-{name}-{h.hexdigest()[:12]}"
         return keys
+
+
+    def diffusion_key(self) -> str:
+        """Cache key of the diffusion model: its config and builder sources on top of the
+        student's fingerprint (whose sources include the data mix it trains on)."""
+        h = hashlib.sha256(json.dumps(to_dict(self.diffusion), sort_keys=True).encode())
+        pkg = Path(__file__).resolve().parents[1]
+        for source in (pkg / "testbed" / "diffusion.py", pkg / "diffusion" / "sampler.py"):
+            h.update(source.read_bytes())
+        return f"{self.size}-{self.fingerprint()}-diffusion-{h.hexdigest()[:12]}"
 
 
 def _builder_sources() -> list[Path]:

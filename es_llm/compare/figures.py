@@ -1,0 +1,172 @@
+"""The report's PNG figures, drawn from the comparison dict alone (so a figure can never
+show a number that comparison.json does not hold)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; never a display
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+
+def _colors(methods: list[str]) -> dict[str, str]:
+    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    return {m: cycle[i % len(cycle)] for i, m in enumerate(methods)}
+
+
+def _save(fig, path: Path) -> str:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path.name
+
+
+def passk_curves(comp: dict, path: Path) -> str:
+    """pass@k for k = 1..n, each method's seed mean with its 95% band; thin lines per seed."""
+    methods = comp["methods"]
+    colors = _colors(list(methods))
+    fig, (ax, axd) = plt.subplots(1, 2, figsize=(11, 4.2))
+    base = methods[comp["settings"]["base"]]["passk"]
+    for name, m in methods.items():
+        ks, mean = m["passk"]["k"], np.array(m["passk"]["mean"])
+        ax.plot(ks, mean, color=colors[name], label=f"{name} ({len(m['models'])} seed"
+                f"{'s' if len(m['models']) > 1 else ''})")
+        ax.fill_between(ks, m["passk"]["lo"], m["passk"]["hi"], color=colors[name], alpha=0.2)
+        if len(m["models"]) > 1:
+            for vals in m["passk"]["seed_values"].values():
+                ax.plot(ks, vals, color=colors[name], lw=0.6, ls="--", alpha=0.7)
+        axd.plot(ks, mean - np.array(base["mean"]), color=colors[name], label=name)
+    for a in (ax, axd):
+        a.set_xscale("log", base=2)
+        a.set_xlabel("k (samples per problem)")
+        a.grid(alpha=0.3)
+    ax.set_ylabel("pass@k")
+    ax.set_title("pass@k, 95% bootstrap band over problems")
+    axd.axhline(0.0, color="black", lw=0.8)
+    axd.set_ylabel(f"pass@k minus {comp['settings']['base']}")
+    axd.set_title("difference to the base model (seed means)")
+    ax.legend(fontsize=8)
+    axd.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def coverage(comp: dict, path: Path) -> str:
+    """Left: problems solved at least once per model. Right: overlap of each method pair."""
+    models, pairs = comp["models"], comp["pairs"]
+    fig, (ax, axo) = plt.subplots(1, 2, figsize=(11, 4.2))
+    colors = _colors(list(comp["methods"]))
+    names = list(models)
+    ax.bar(names, [models[n]["num_solved"] for n in names],
+           color=[colors[models[n]["method"]] for n in names])
+    ax.set_ylabel(f"problems solved at least once (of {comp['settings']['num_problems']})")
+    ax.set_title(f"coverage at n = {comp['settings']['n']}")
+    ax.tick_params(axis="x", rotation=45)
+    labels = [f"{p['a']} vs {p['b']}" for p in pairs]
+    only_a = [p["overlap"]["num_only_a"] for p in pairs]
+    both = [p["overlap"]["num_both"] for p in pairs]
+    only_b = [p["overlap"]["num_only_b"] for p in pairs]
+    y = np.arange(len(pairs))
+    axo.barh(y, only_a, color="tab:green", label="only the first")
+    axo.barh(y, both, left=only_a, color="lightgray", label="both")
+    axo.barh(y, only_b, left=np.add(only_a, both), color="tab:red", label="only the second")
+    axo.set_yticks(y, labels)
+    axo.set_xlabel("problems (mean over seed pairings)")
+    axo.set_title("which problems each one solves")
+    axo.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def histograms(comp: dict, path: Path) -> str:
+    """Per-problem accuracy histogram of each method (seed-averaged shares)."""
+    methods = comp["methods"]
+    colors = _colors(list(methods))
+    labels = next(iter(methods.values()))["histogram"]["labels"]
+    x = np.arange(len(labels))
+    width = 0.8 / len(methods)
+    fig, ax = plt.subplots(figsize=(11, 4))
+    for i, (name, m) in enumerate(methods.items()):
+        ax.bar(x + i * width, m["histogram"]["shares"], width, color=colors[name], label=name)
+    ax.set_xticks(x + 0.4 - width / 2, labels, rotation=30)
+    ax.set_xlabel("per-problem accuracy (share of the n samples that are correct)")
+    ax.set_ylabel("share of problems")
+    ax.set_title("per-problem accuracy histogram")
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def diversity(comp: dict, path: Path) -> str:
+    """Diversity per method: answers, text and correct solutions, and progressions /
+    regressions against the base model."""
+    methods = comp["methods"]
+    colors = _colors(list(methods))
+    names = list(methods)
+    panels = [
+        ("distinct final answers", lambda m: m["diversity"]["all"]["distinct_answers"]),
+        ("answer entropy (nats)", lambda m: m["diversity"]["all"]["answer_entropy"]),
+        ("distinct-2 (all samples)", lambda m: m["diversity"]["all"]["distinct_2"]),
+        ("self-BLEU (lower = more diverse)", lambda m: m["diversity"]["all"]["self_bleu"]),
+        ("distinct correct solutions", lambda m: m["diversity"]["distinct_correct_solutions"]),
+        ("progressions / regressions vs base", None),
+    ]
+    fig, axes = plt.subplots(2, 3, figsize=(12, 6.5))
+    for ax, (title, get) in zip(axes.flat, panels):
+        if get is None:
+            trained = [n for n in names if "vs_base" in methods[n]]
+            x = np.arange(len(trained))
+            ax.bar(x - 0.2, [methods[n]["vs_base"]["num_progressions"] for n in trained], 0.4,
+                   color="tab:green", label="progressions")
+            ax.bar(x + 0.2, [methods[n]["vs_base"]["num_regressions"] for n in trained], 0.4,
+                   color="tab:red", label="regressions")
+            ax.set_xticks(x, trained)
+            ax.legend(fontsize=8)
+        else:
+            vals = [get(methods[n]) for n in names]
+            ax.bar(names, [v if v is not None else 0.0 for v in vals],
+                   color=[colors[n] for n in names])
+        ax.set_title(title, fontsize=10)
+        ax.tick_params(axis="x", rotation=30)
+    return _save(fig, path)
+
+
+def training(comp: dict, path: Path) -> str | None:
+    """Training reward against generated samples for every run that has a curve."""
+    curves = comp.get("training") or {}
+    if not curves:
+        return None
+    colors = _colors(list(comp["methods"]))
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    seen = set()
+    for name, c in curves.items():
+        method = name.split("@")[0]
+        color = colors.get(method, "black")
+        ax.plot(c["samples"], c["reward"], color=color, lw=0.6, alpha=0.35)
+        # A trailing mean over a tenth of the run shows the trend under per-step noise.
+        window = max(1, len(c["reward"]) // 10)
+        smooth = np.convolve(c["reward"], np.ones(window) / window, mode="valid")
+        ax.plot(c["samples"][window - 1:], smooth, color=color, lw=1.6,
+                label=f"{method}: {c['metric']} (trailing mean of {window})"
+                if method not in seen else None)
+        seen.add(method)
+    ax.set_xlabel("generated samples")
+    ax.set_ylabel("training reward")
+    ax.set_title("training curves (one line per training seed; faint: every step)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def draw_all(comp: dict, folder: Path) -> dict[str, str]:
+    """Every figure into ``folder``; returns figure key -> file name."""
+    folder.mkdir(parents=True, exist_ok=True)
+    out = {"passk": passk_curves(comp, folder / "passk.png"),
+           "coverage": coverage(comp, folder / "coverage.png"),
+           "histograms": histograms(comp, folder / "accuracy_histogram.png"),
+           "diversity": diversity(comp, folder / "diversity.png")}
+    curve = training(comp, folder / "training.png")
+    if curve:
+        out["training"] = curve
+    return out

@@ -1,0 +1,253 @@
+"""report.md and report.html from the comparison dict: one list of blocks rendered twice, so
+the two pages always say the same thing. Every number comes from comparison.json."""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+from es_llm.io import write_text_atomic
+
+DIVERSITY_ROWS = (("distinct_answers", "distinct final answers"),
+                  ("answer_entropy", "answer entropy (nats)"),
+                  ("plurality_share", "plurality share"),
+                  ("distinct_2", "distinct-2"), ("self_bleu", "self-BLEU"))
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def _num(x: float | None, digits: int = 3) -> str:
+    return "-" if x is None else f"{x:.{digits}g}" if abs(x) >= 100 else f"{x:.{digits}f}"
+
+
+def _count(x: float | None) -> str:
+    """A count, or a mean of counts over seeds (one decimal then)."""
+    return "-" if x is None else f"{x:.0f}" if float(x).is_integer() else f"{x:.1f}"
+
+
+def _interval(p: dict, fmt) -> str:
+    lo, hi = p["ci95"]
+    sign = "+" if p["diff"] >= 0 else ""
+    return f"{sign}{fmt(p['diff'])} [{fmt(lo)}, {fmt(hi)}]"
+
+
+def _points(x: float) -> str:
+    return f"{100 * x:.1f}"
+
+
+def _seed_range(method: dict, k_index: int) -> str:
+    vals = [v[k_index] for v in method["passk"]["seed_values"].values()]
+    return f" (seeds {_pct(min(vals))}..{_pct(max(vals))})" if len(vals) > 1 else ""
+
+
+def _verdict(p: dict, a: str, b: str, word: str, seeds_overlap: bool | None = None) -> str:
+    if p["ahead"] == "tie":
+        return "no clear difference (CI includes 0)"
+    who = a if p["ahead"] == "a" else b
+    note = "; training seeds overlap" if seeds_overlap else ""
+    return f"**{who}** {word}{note}"
+
+
+def _overlap(ma: dict, mb: dict, k_index: int) -> bool:
+    va = [v[k_index] for v in ma["passk"]["seed_values"].values()]
+    vb = [v[k_index] for v in mb["passk"]["seed_values"].values()]
+    return max(va) >= min(vb) and max(vb) >= min(va)
+
+
+def summary_rows(comp: dict) -> list[list[str]]:
+    """The plain-language table: per method pair and metric, the two values, the paired
+    difference with its 95% CI, the seed ranges and who is ahead (only where the CI says so)."""
+    n, methods, rows = comp["settings"]["n"], comp["methods"], []
+    for p in comp["pairs"]:
+        a, b = p["a"], p["b"]
+        ma, mb = methods[a], methods[b]
+        for key, label, k_index in (("pass@1", "pass@1", 0), (f"pass@{n}", f"pass@{n} (= coverage)", -1)):
+            q = p[key]
+            rows.append([f"{a} vs {b}", label, _pct(q["a"]) + _seed_range(ma, k_index),
+                         _pct(q["b"]) + _seed_range(mb, k_index),
+                         _interval(q, _points) + " pts",
+                         _verdict(q, a, b, "ahead", _overlap(ma, mb, k_index))])
+        for key, label, word in (("answer_entropy", "answer entropy (nats)", "more diverse"),
+                                 ("distinct_correct", "distinct correct solutions", "more diverse")):
+            q = p[key]
+            rows.append([f"{a} vs {b}", label, _num(q["a"]), _num(q["b"]),
+                         _interval(q, lambda x: f"{x:.3f}"), _verdict(q, a, b, word)])
+    return rows
+
+
+def in_words(comp: dict) -> list[str]:
+    """One sentence per method pair, saying only what the intervals support."""
+    n, lines = comp["settings"]["n"], []
+    for p in comp["pairs"]:
+        a, b = p["a"], p["b"]
+        parts = []
+        for key, label in (("pass@1", "pass@1"), (f"pass@{n}", f"pass@{n}")):
+            q = p[key]
+            ci = f"{_points(q['ci95'][0])}..{_points(q['ci95'][1])} pts"
+            if q["ahead"] == "tie":
+                parts.append(f"no clear difference on {label} ({a} - {b} = "
+                             f"{'+' if q['diff'] >= 0 else ''}{_points(q['diff'])}, CI {ci})")
+            else:
+                who = a if q["ahead"] == "a" else b
+                parts.append(f"{who} ahead on {label} by {_points(abs(q['diff']))} pts (CI of "
+                             f"{a} - {b}: {ci})")
+        q = p["answer_entropy"]
+        parts.append("answer entropy not clearly different" if q["ahead"] == "tie" else
+                     f"{a if q['ahead'] == 'a' else b} answers more diversely (answer entropy "
+                     f"{a} {q['a']:.2f}, {b} {q['b']:.2f} nats)")
+        if p["crossover_k"]:
+            resolved = p["pass@1"]["ahead"] != "tie" or p[f"pass@{n}"]["ahead"] != "tie"
+            parts.append(f"their mean pass@k curves cross at k = {p['crossover_k']}"
+                         + ("" if resolved else ", a crossing within noise"))
+        lines.append(f"**{a} vs {b}**: " + "; ".join(parts) + ".")
+    return lines
+
+
+def blocks(comp: dict, figures: dict[str, str]) -> list[tuple]:
+    """The report as blocks: ("h", level, text), ("p", text), ("table", header, rows) and
+    ("img", file, caption)."""
+    s, methods, models = comp["settings"], comp["methods"], comp["models"]
+    n = s["n"]
+    out: list[tuple] = [("h", 1, "es-llm comparison report")]
+    out.append(("p", f"{s['num_problems']} problems of task {s.get('task', '?')}, n = {n} samples "
+                f"per problem at temperature {s.get('temperature', '?')} (seed "
+                f"{s.get('seed', '?')}, at most {s.get('max_tokens', '?')} tokens), identical for "
+                f"every model. Intervals are 95% paired bootstrap intervals over problems "
+                f"({s['bootstrap_resamples']} resamples) of seed-averaged per-problem values; "
+                f"the spread across training seeds is shown beside them. A side is called ahead "
+                f"only where its interval excludes 0."))
+    out.append(("h", 2, "Summary"))
+    out.append(("table", ["comparison", "metric", "first", "second", "first - second [95% CI]",
+                          "verdict"], summary_rows(comp)))
+    out += [("p", line) for line in in_words(comp)]
+    budget = comp.get("budget") or {}
+    if budget:
+        out.append(("h", 2, "Training budget"))
+        out.append(("table", ["method", "generated samples per run", "runs"],
+                    [[m, ", ".join(f"{int(v):,}" for v in sorted(set(vals))), str(len(vals))]
+                     for m, vals in budget.items()]))
+    out += _passk_blocks(comp, figures)
+    out += _coverage_blocks(comp, figures)
+    out.append(("h", 2, "Diversity"))
+    out.append(("img", figures["diversity"], "Diversity per method (seed means) and "
+                "progressions / regressions against the base model."))
+    header = ["metric"] + [f"{m} (all)" for m in methods] + [f"{m} (correct)" for m in methods]
+    rows = [[label] + [_num(methods[m]["diversity"]["all"][key]) for m in methods]
+            + [_num(methods[m]["diversity"]["correct"][key]) for m in methods]
+            for key, label in DIVERSITY_ROWS]
+    rows.append(["distinct correct solutions"]
+                + [_num(methods[m]["diversity"]["distinct_correct_solutions"]) for m in methods]
+                + ["" for _ in methods])
+    out.append(("table", header, rows))
+    if "training" in figures:
+        out.append(("h", 2, "Training curves"))
+        out.append(("img", figures["training"], "Training reward against generated samples. "
+                    "ES scores its population greedily; the gradient methods' rollouts are "
+                    "sampled, so the levels are not comparable, the trends are."))
+    out.append(("h", 2, "Models"))
+    out.append(("table", ["model", "samples", "training run"],
+                [[name, m["source"], m["run"] or "-"] for name, m in models.items()]))
+    return out
+
+
+def _passk_blocks(comp: dict, figures: dict) -> list[tuple]:
+    methods, n = comp["methods"], comp["settings"]["n"]
+    ks = [k for k in methods[comp["settings"]["base"]]["passk"]["k"] if k & (k - 1) == 0 or k == n]
+    rows = [[f"{k}"] + [f"{_pct(m['passk']['mean'][k - 1])} [{_pct(m['passk']['lo'][k - 1])}, "
+                        f"{_pct(m['passk']['hi'][k - 1])}]" for m in methods.values()] for k in ks]
+    cross = [f"{p['a']} vs {p['b']}: " + (f"the order at k = 1 flips at k = {p['crossover_k']}"
+                                          if p["crossover_k"] else "no crossover up to k = n")
+             for p in comp["pairs"]]
+    return [("h", 2, "pass@k"),
+            ("img", figures["passk"], f"pass@k for k = 1..{n} (seed means with 95% bootstrap "
+             f"bands; dashed: single training seeds) and the difference to the base model."),
+            ("table", ["k"] + list(methods), rows),
+            ("p", "Crossover (seed-mean curves): " + "; ".join(cross) + ".")]
+
+
+def _coverage_blocks(comp: dict, figures: dict) -> list[tuple]:
+    methods, n = comp["methods"], comp["settings"]["n"]
+    out = [("h", 2, "Coverage"),
+           ("img", figures["coverage"], f"Problems solved at least once in n = {n} samples, "
+            f"and the overlap of each pair of methods."),
+           ("table", ["pair", "only first", "both", "only second", "neither"],
+            [[f"{p['a']} vs {p['b']}"] + [_count(p["overlap"][k]) for k in (
+                "num_only_a", "num_both", "num_only_b", "num_neither")] for p in comp["pairs"]])]
+    trained = [m for m in methods if "vs_base" in methods[m]]
+    if trained:
+        out.append(("p", "Progressions are problems the base model never solves and the trained "
+                    "model solves at least once; regressions the reverse. The answer entropy "
+                    "on regressions is low when the trained model is confidently wrong there."))
+        out.append(("table", ["method", "progressions", "regressions", "mean accuracy change",
+                              "answer entropy on regressions", "plurality share on regressions"],
+                    [[m, _count(methods[m]["vs_base"]["num_progressions"]),
+                      _count(methods[m]["vs_base"]["num_regressions"]),
+                      _interval_free(methods[m]["vs_base"]["accuracy_delta"]),
+                      _num(methods[m]["vs_base"]["regression_entropy"]),
+                      _num(methods[m]["vs_base"]["regression_plurality"])] for m in trained]))
+    out.append(("img", figures["histograms"], "Per-problem accuracy histogram (the first bin "
+                "holds the problems never solved)."))
+    return out
+
+
+def _interval_free(x: float | None) -> str:
+    return "-" if x is None else f"{'+' if x >= 0 else ''}{100 * x:.1f} pts"
+
+
+def to_markdown(items: list[tuple]) -> str:
+    lines: list[str] = []
+    for item in items:
+        if item[0] == "h":
+            lines += ["#" * item[1] + " " + item[2], ""]
+        elif item[0] == "p":
+            lines += [item[1], ""]
+        elif item[0] == "img":
+            lines += [f"![{item[2]}](figures/{item[1]})", "", f"*{item[2]}*", ""]
+        else:
+            header, rows = item[1], item[2]
+            lines.append("| " + " | ".join(header) + " |")
+            lines.append("|" + "---|" * len(header))
+            lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows]
+            lines.append("")
+    return "\n".join(lines)
+
+
+def _inline(text: str) -> str:
+    """HTML of a cell or paragraph: escaped, with **bold** kept."""
+    parts = html.escape(text).split("**")
+    return "".join(f"<b>{p}</b>" if i % 2 else p for i, p in enumerate(parts))
+
+
+STYLE = ("body{font-family:sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}"
+         "table{border-collapse:collapse;margin:1em 0;font-size:14px}"
+         "td,th{border:1px solid #ccc;padding:4px 8px;text-align:left}th{background:#f3f3f3}"
+         "img{max-width:100%;border:1px solid #eee}figcaption{font-size:13px;color:#555}")
+
+
+def to_html(items: list[tuple]) -> str:
+    body: list[str] = []
+    for item in items:
+        if item[0] == "h":
+            body.append(f"<h{item[1]}>{html.escape(item[2])}</h{item[1]}>")
+        elif item[0] == "p":
+            body.append(f"<p>{_inline(item[1])}</p>")
+        elif item[0] == "img":
+            body.append(f'<figure><img src="figures/{html.escape(item[1])}" '
+                        f'alt="{html.escape(item[2])}"><figcaption>{_inline(item[2])}'
+                        f"</figcaption></figure>")
+        else:
+            head = "".join(f"<th>{html.escape(c)}</th>" for c in item[1])
+            rows = "".join("<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in row) + "</tr>"
+                           for row in item[2])
+            body.append(f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>")
+    return ("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>es-llm comparison report"
+            f"</title><style>{STYLE}</style></head>\n<body>\n" + "\n".join(body)
+            + "\n</body></html>\n")
+
+
+def write_report(comp: dict, figures: dict[str, str], out: Path) -> None:
+    items = blocks(comp, figures)
+    write_text_atomic(out / "report.md", to_markdown(items))
+    write_text_atomic(out / "report.html", to_html(items))

@@ -1,0 +1,195 @@
+"""``es-llm compare``: sample every model with identical settings (or reuse its samples), then
+write comparison.json, the figures, report.md and report.html."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from es_llm.backends import vllm_available
+from es_llm.compare.analysis import compare_sets
+from es_llm.compare.figures import draw_all
+from es_llm.compare.report import summary_rows, to_markdown, write_report
+from es_llm.compare.samples import align, check_name, load_samples, samples_path
+from es_llm.config import dump_yaml, to_dict
+from es_llm.errors import BadInput
+from es_llm.evaluate import (
+    EvalConfig,
+    SamplingConfig,
+    check_model_path,
+    evaluate,
+    resolve_task_config,
+)
+from es_llm.io import complete_jsonl_rows, write_json_atomic, write_text_atomic
+from es_llm.metrics.summary import json_safe
+from es_llm.tasks import TaskConfig
+
+
+@dataclass(frozen=True)
+class CompareConfig:
+    # Models as NAME=PATH: PATH is a model folder (sampled here), an eval folder or a
+    # samples.jsonl (reused). NAME is a method, or method@seed for one of its training seeds.
+    models: tuple[str, ...] = ()
+    # The model (or method) progressions, regressions and differences are measured against.
+    reference: str = "base"
+    task: TaskConfig = field(default_factory=TaskConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    # Generation backend for the models sampled here: auto (vLLM when installed), hf or vllm.
+    backend: str = "auto"
+    bootstrap: int = 1000
+    # Seed of the bootstrap resamples and of the diversity subsamples.
+    metrics_seed: int = 0
+
+
+RESERVED = {"models", "reference", "task", "sampling", "backend", "bootstrap", "metrics_seed"}
+
+
+def parse_models(entries: tuple[str, ...]) -> list[tuple[str, str]]:
+    out = []
+    for entry in entries:
+        if "=" not in entry:
+            raise BadInput(f"--models entry {entry!r} is not NAME=PATH (e.g. base=runs/testbed "
+                           f"es@0=runs/es-0/checkpoints/final).")
+        name, path = entry.split("=", 1)
+        if name in RESERVED:
+            raise BadInput(f"model name {name!r} is reserved for a config key; pick another.")
+        out.append((check_name(name), path))
+    if not out:
+        raise BadInput("nothing to compare: give models as --models NAME=PATH NAME=PATH ...")
+    return out
+
+
+def run_folder_of(model_path: Path) -> Path | None:
+    """The training run a checkpoint came from (RUN/checkpoints/<name>), if it has metrics."""
+    run = model_path.resolve().parent.parent
+    if model_path.resolve().parent.name == "checkpoints" and (run / "metrics.jsonl").is_file():
+        return run
+    return None
+
+
+def check_loadable(name: str, path: Path) -> None:
+    """Fail before any sampling when a model folder cannot be loaded (config, tokenizer and
+    the safetensors headers), naming the model."""
+    from safetensors import safe_open
+    from transformers import AutoConfig, AutoTokenizer
+
+    try:
+        AutoConfig.from_pretrained(path)
+        AutoTokenizer.from_pretrained(path)
+        weights = sorted(path.glob("*.safetensors"))
+        if not weights:
+            raise OSError("no *.safetensors weights in the folder")
+        for w in weights:
+            with safe_open(w, framework="pt") as f:
+                list(f.keys())
+    except Exception as exc:  # any load failure is a bad model folder for the user to fix
+        raise BadInput(f"model {name} at {str(path)!r} fails to load ({type(exc).__name__}: "
+                       f"{exc}); give a Hugging Face model folder, an eval folder or a "
+                       f"samples.jsonl.") from None
+
+
+def _same_eval(folder: Path, cfg: EvalConfig) -> bool:
+    """An earlier run of this comparison already sampled this model with these settings."""
+    try:
+        old = yaml.safe_load((folder / "config.yaml").read_text())
+    except (OSError, yaml.YAMLError):
+        return False
+    new = to_dict(resolve_task_config(cfg))  # evaluate() records the resolved data file
+    return (folder / "samples.jsonl").is_file() and all(
+        old.get(k) == new.get(k) for k in ("model", "task", "sampling", "backend"))
+
+
+def sample_model(name: str, model: Path, cfg: CompareConfig, out: Path, progress: bool) -> Path:
+    """Evaluate one model folder into out/samples/NAME (skipped when already there). vLLM
+    engines share process-wide state, so each vLLM evaluation runs in its own process."""
+    folder = out / "samples" / name
+    ev = EvalConfig(model=str(model), task=cfg.task, sampling=cfg.sampling, backend=cfg.backend,
+                    bootstrap=cfg.bootstrap, metrics_seed=cfg.metrics_seed)
+    if _same_eval(folder, ev):
+        print(f"[compare] {name}: reusing {folder / 'samples.jsonl'}")
+        return folder
+    backend = cfg.backend if cfg.backend != "auto" else ("vllm" if vllm_available() else "hf")
+    if backend == "hf":
+        evaluate(ev, folder, progress=progress, echo=lambda *_: None)
+        return folder
+    folder.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(folder / "request.yaml", dump_yaml(ev))
+    cmd = [sys.executable, "-m", "es_llm", "eval", "--config", str(folder / "request.yaml"),
+           "--out", str(folder)] + ([] if progress else ["--no-progress"])
+    proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    (folder / "request.yaml").unlink(missing_ok=True)
+    if proc.returncode != 0:
+        tail = proc.stderr.strip().splitlines()[-1:] or ["(no message)"]
+        raise (BadInput if proc.returncode == 2 else RuntimeError)(
+            f"sampling model {name} ({model}) failed: {tail[0]}")
+    return folder
+
+
+def training_curve(run: Path) -> dict | None:
+    """Reward against generated samples from a run's metrics.jsonl (ES or gradient)."""
+    rows = complete_jsonl_rows(run / "metrics.jsonl")
+    if not rows:
+        return None
+    metric = "es/reward_mean" if "es/reward_mean" in rows[0] else "reward/mean"
+    rows = [r for r in rows if metric in r and "samples/generated" in r]
+    if not rows:
+        return None
+    return {"metric": metric, "samples": [r["samples/generated"] for r in rows],
+            "reward": [r[metric] for r in rows]}
+
+
+def compare(cfg: CompareConfig, out: str | Path, progress: bool = True, echo=print) -> dict:
+    """Run ``es-llm compare``: check every input, sample what needs sampling, write the report."""
+    out = Path(out)
+    entries = parse_models(cfg.models)
+    if out.exists() and not out.is_dir():
+        raise BadInput(f"output path {str(out)!r} exists and is not a directory.")
+    sources: list[tuple[str, str, Path | None]] = []  # name, "model" | "samples", run folder
+    for name, path in entries:
+        p = Path(path)
+        if p.is_dir() and (p / "config.json").is_file():
+            check_model_path(path)
+            check_loadable(name, p)
+            sources.append((name, "model", run_folder_of(p)))
+        else:
+            try:
+                samples_path(p)
+            except BadInput:
+                raise BadInput(f"model {name}: {path!r} is not a model folder (config.json and "
+                               f"weights), an eval folder or a samples.jsonl file.") from None
+            sources.append((name, "samples", None))
+    names = [n for n, _ in entries]
+    if cfg.reference not in names and cfg.reference not in {n.split("@")[0] for n in names}:
+        raise BadInput(f"reference {cfg.reference!r} is none of the models ({', '.join(names)}); "
+                       f"set --reference NAME.")
+    sets = []
+    for (name, path), (_, kind, run) in zip(entries, sources):
+        if kind == "model":
+            path = sample_model(name, Path(path), cfg, out, progress)
+        sets.append(load_samples(name, path, run=str(run) if run else None))
+    sets = align(sets)
+    comp = compare_sets(sets, cfg.reference, np.random.default_rng(cfg.metrics_seed),
+                        cfg.bootstrap)
+    curves = {s.name: training_curve(Path(s.run)) for s in sets if s.run}
+    comp["training"] = {k: v for k, v in curves.items() if v}
+    budget: dict[str, list[float]] = {}
+    for name, c in comp["training"].items():
+        budget.setdefault(name.split("@")[0], []).append(c["samples"][-1])
+    comp["budget"] = budget
+    comp["config"] = to_dict(cfg)
+    figures = draw_all(comp, out / "figures")
+    comp["figures"] = figures
+    comp = json_safe(comp)
+    write_text_atomic(out / "config.yaml", dump_yaml(cfg))
+    write_json_atomic(out / "comparison.json", comp)
+    write_report(comp, figures, out)
+    echo(to_markdown([("table", ["comparison", "metric", "first", "second",
+                                 "first - second [95% CI]", "verdict"], summary_rows(comp))]))
+    echo(f"wrote {out / 'report.md'}, {out / 'report.html'} and {out / 'comparison.json'}")
+    return comp
+

@@ -1,0 +1,1 @@
+"""Diffusion-LM RL: masks of the log-probability estimators and their losses."""

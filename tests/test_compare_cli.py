@@ -1,0 +1,125 @@
+"""`es-llm compare` end to end: report numbers against the metrics functions on the same
+samples, the HTML page in a real browser, and bad input."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import struct
+
+import numpy as np
+import pytest
+
+from es_llm.cli import main
+from es_llm.evaluate import metrics_from_rows
+from es_llm.io import read_jsonl
+from browser import find_chromium, image_report
+from test_compare_analysis import write_samples
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    """A comparison of three methods (two with two seeds) on 30 synthetic problems."""
+    root = tmp_path_factory.mktemp("cmp")
+    rng = np.random.default_rng(0)
+    rates = rng.random(30)
+    args = []
+    for name, shift in (("base", 0.0), ("es@0", 0.05), ("es@1", 0.03), ("grpo@0", 0.2),
+                        ("grpo@1", 0.15)):
+        table = rng.random((30, 8)) < np.clip(rates + shift, 0, 1)[:, None]
+        answers = [[("gold" if ok else f"w{rng.integers(0, 4)}") for ok in row] for row in table]
+        args.append(f"{name}={write_samples(root / 'evals' / name, table, answers)}")
+    out = root / "report"
+    assert main(["compare", "--models", *args, "--out", str(out), "--no-progress"]) == 0
+    return root, out
+
+
+def test_report_numbers_are_the_metrics_of_the_same_samples(report):
+    root, out = report
+    comp = json.loads((out / "comparison.json").read_text())
+    for name, model in comp["models"].items():
+        rows = read_jsonl(root / "evals" / name / "samples.jsonl")
+        ref = metrics_from_rows(rows, 8)
+        for k in (1, 2, 4, 8):
+            assert model["passk"][k - 1] == pytest.approx(ref[f"pass@{k}"]["value"], abs=1e-12)
+        assert model["num_solved"] == ref["coverage"]["solved"]
+        assert model["histogram"]["counts"] == ref["coverage"]["accuracy_histogram"]["counts"]
+        for key in ("distinct_answers", "answer_entropy", "distinct_2", "self_bleu"):
+            assert model["diversity"]["all"][key] == pytest.approx(ref["diversity"]["all"][key])
+    es = comp["methods"]["es"]
+    assert es["passk"]["mean"][0] == pytest.approx(
+        np.mean([comp["models"][m]["passk"][0] for m in ("es@0", "es@1")]))
+    lo, hi = es["passk"]["lo"][0], es["passk"]["hi"][0]
+    assert lo < es["passk"]["mean"][0] < hi
+
+
+def test_report_pages_hold_the_summary_and_every_figure(report):
+    _, out = report
+    comp = json.loads((out / "comparison.json").read_text())
+    md = (out / "report.md").read_text()
+    assert md.index("## Summary") < md.index("## pass@k") < md.index("## Coverage")
+    assert "| es vs base | pass@1 |" in md and "| es vs grpo | pass@8 (= coverage) |" in md
+    pair = next(p for p in comp["pairs"] if (p["a"], p["b"]) == ("grpo", "base"))
+    assert f"+{100 * pair['pass@1']['diff']:.1f} [{100 * pair['pass@1']['ci95'][0]:.1f}" in md
+    for name in comp["figures"].values():
+        png = (out / "figures" / name).read_bytes()
+        assert png[:8] == b"\x89PNG\r\n\x1a\n"
+        width, height = struct.unpack(">II", png[16:24])
+        assert width > 600 and height > 300
+        assert f"](figures/{name})" in md
+        assert f'src="figures/{name}"' in (out / "report.html").read_text()
+
+
+def test_html_report_shows_its_figures_in_a_headless_browser(report):
+    # No skip without a browser: scripts/run_tests.sh installs chromium, and this test is
+    # the only check that a reader actually sees the figures.
+    assert find_chromium(), "chromium not found; scripts/run_tests.sh installs it"
+    _, out = report
+    page = image_report(out / "report.html")
+    assert page["title"] == "es-llm comparison report"
+    figures = json.loads((out / "comparison.json").read_text())["figures"]
+    assert sorted(i["src"] for i in page["images"]) == sorted(f"figures/{f}" for f in figures.values())
+    assert all(i["width"] > 600 and i["height"] > 300 for i in page["images"])
+
+
+def test_samples_model_folders_with_identical_settings_and_reuses_them(ci_testbed, tmp_path, capsys):
+    model = tmp_path / "copy"
+    shutil.copytree(ci_testbed, model)
+    args = ["compare", "--models", f"base={ci_testbed}", f"other={model}", "--task", "countdown",
+            "--n", "2", "--limit", "6", "--backend", "hf", "--out", str(tmp_path / "r"),
+            "--no-progress"]
+    assert main(args) == 0
+    a = read_jsonl(tmp_path / "r" / "samples" / "base" / "samples.jsonl")
+    b = read_jsonl(tmp_path / "r" / "samples" / "other" / "samples.jsonl")
+    # The same weights under the same sampling seed give the same samples.
+    assert [r["completion"] for r in a] == [r["completion"] for r in b] and len(a) == 12
+    capsys.readouterr()
+    assert main(args) == 0
+    assert capsys.readouterr().out.count("reusing") == 2
+
+
+def test_bad_input_is_a_one_paragraph_error_with_status_2(report, tmp_path, capsys, ci_testbed):
+    root, _ = report
+    ragged = write_samples(tmp_path / "six", np.ones((30, 6), bool))
+    cases = [
+        (["--models", f"base={root / 'evals' / 'base'}", f"es={ragged}"], "n=6 samples per problem"),
+        (["--models", f"base={root / 'evals' / 'base'}",
+          f"es={write_samples(tmp_path / 'few', np.ones((3, 8), bool))}"], "different problem sets"),
+        (["--models", f"base={root / 'evals' / 'base'}", f"es={tmp_path / 'nothing'}"],
+         "is not a model folder"),
+        (["--models", f"es={root / 'evals' / 'es@0'}"], "reference 'base' is none of the models"),
+        (["--models", f"base={ci_testbed}", "--task", "chess"], "not a registered task"),
+    ]
+    broken = tmp_path / "broken"
+    shutil.copytree(ci_testbed, broken)
+    (broken / "model.safetensors").write_bytes(b"not a safetensors file")
+    cases.append((["--models", f"base={root / 'evals' / 'base'}", f"es={broken}", "--task",
+                   "countdown"], "model es at .* fails to load"))
+    for extra, message in cases:
+        out = tmp_path / "out"
+        assert main(["compare", *extra, "--out", str(out), "--no-progress"]) == 2, message
+        err = capsys.readouterr().err
+        assert err.startswith("es-llm compare: error:") and err.count("\n") == 1
+        assert re.search(message, err), err
+        assert not (out / "report.md").exists()
