@@ -21,7 +21,6 @@ from es_llm.errors import BadInput
 from es_llm.evaluate import (
     EvalConfig,
     SamplingConfig,
-    check_model_path,
     evaluate,
     resolve_task_config,
 )
@@ -153,7 +152,6 @@ def compare(cfg: CompareConfig, out: str | Path, progress: bool = True, echo=pri
     for name, path in entries:
         p = Path(path)
         if p.is_dir() and (p / "config.json").is_file():
-            check_model_path(path)
             check_loadable(name, p)
             sources.append((name, "model", run_folder_of(p)))
         else:
