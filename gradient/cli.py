@@ -15,8 +15,11 @@ rollouts for each of P training prompts (vLLM or the HF loop), scores them with 
 verifier, turns rewards into advantages and takes optimizer steps on the clipped policy
 loss. The method is chosen in the config (see configs/grpo_*.yaml): algo.advantage,
 algo.loss, algo.aggregation, algo.kl, algo.dynamic_sampling, algo.overlong, algo.prefix,
-algo.replay. Writes DIR/config.yaml, metrics.jsonl and checkpoints/ (HF folders with the
-optimizer state)."""
+algo.replay. A masked-diffusion model (a folder with diffusion_sampling.json, e.g. a
+testbed's diffusion/) trains with its own sampler and a log-prob estimator,
+algo.dllm.estimator: mean_field (d1), trace (TraceRL) or quadrature (SLIM-RL); see
+configs/dllm_*.yaml. Writes DIR/config.yaml, metrics.jsonl and checkpoints/ (HF folders with
+the optimizer state)."""
 
 OPD_DESCRIPTION = """\
 On-policy distillation: the GRPO-family trainer with a teacher that scores the student's
@@ -29,7 +32,10 @@ own rollouts; algo.distill.method picks how (see configs/opd_*.yaml):
   dear    opd weighted towards decision tokens and their evidence;
   avsd    self-distillation from the student's starting weights under privileged views;
   gjsd    generalized JSD to the teacher over the full (or top-K) vocabulary;
-  w2s     reverse KL to the proxy teacher base + alpha (weak_rl - weak_base).
+  w2s     reverse KL to the proxy teacher base + alpha (weak_rl - weak_base);
+  dopsd   diffusion LMs: JSD between the student on an intermediate state of its own
+          trajectory and the (initial or live) model on a later state
+          (algo.dllm.estimator=student_view; configs/dllm_dopsd_countdown.yaml).
 algo.distill.drift gates the distillation losses of reused rollouts (epochs or
 mini_batches > 1). Teachers must share the student's tokenizer; `es-llm testbed` builds
 teachers/strong, teachers/weak_base and teachers/weak_rl. Outputs as `es-llm grpo`, plus

@@ -130,6 +130,31 @@ class ReplaySettings:
 
 
 @dataclass(frozen=True)
+class DiffusionRLSettings:
+    # How a rollout's log-probability is estimated (gradient/dllm/estimators.py):
+    # autoregressive (causal LMs: exact), or for masked-diffusion LMs mean_field (d1 /
+    # diffu-GRPO), trace (TraceRL), quadrature (SLIM-RL), student_view (dOPSD's student).
+    estimator: str = "autoregressive"
+    # mean_field: probability of masking each prompt token (d1's train.yaml: 0.15).
+    p_mask_prompt: float = 0.15
+    # trace: merge every `shrink` consecutive commit steps of a block into one row.
+    shrink: int = 1
+    # quadrature: Gauss-Legendre levels per rollout and the cap of the per-block spread.
+    quadrature_points: int = 3
+    spread_cap: float = 0.2
+
+    def __post_init__(self):
+        from gradient.dllm.estimators import estimator_names
+        _choice("algo.dllm.estimator", self.estimator, estimator_names())
+        if not 0 <= self.p_mask_prompt < 1:
+            raise BadInput(f"algo.dllm.p_mask_prompt must lie in [0, 1), got {self.p_mask_prompt}.")
+        if self.shrink < 1 or self.quadrature_points < 1:
+            raise BadInput("algo.dllm.shrink and algo.dllm.quadrature_points must be >= 1.")
+        if not 0 < self.spread_cap < 1:
+            raise BadInput(f"algo.dllm.spread_cap must lie in (0, 1), got {self.spread_cap}.")
+
+
+@dataclass(frozen=True)
 class AlgoSettings:
     # Advantage estimator: grpo (group z-score), dr_grpo (no std) or rloo.
     advantage: str = "grpo"
@@ -160,6 +185,7 @@ class AlgoSettings:
     prefix: PrefixSettings = field(default_factory=PrefixSettings)
     replay: ReplaySettings = field(default_factory=ReplaySettings)
     distill: DistillSettings = field(default_factory=DistillSettings)
+    dllm: DiffusionRLSettings = field(default_factory=DiffusionRLSettings)
 
     def __post_init__(self):
         from gradient.advantages import advantage_names
@@ -180,11 +206,36 @@ class AlgoSettings:
         if self.std_eps < 0 or self.entropy_coef < 0:
             raise BadInput("algo.std_eps and algo.entropy_coef must be >= 0.")
         _positive("algo", self, "epochs", "mini_batches")
+        self._check_diffusion()
         if self.distill.drift.enabled and not (self.epochs > 1 or self.mini_batches > 1
                                                or self.replay.enabled):
             raise BadInput("algo.distill.drift gates reused rollouts, but every rollout is used "
                            "once here (all gates would be 1): set algo.epochs > 1, "
                            "algo.mini_batches > 1 or algo.replay.enabled.")
+
+
+    def _check_diffusion(self) -> None:
+        from gradient.dllm.estimators import estimator_spec
+        name = self.dllm.estimator
+        if (name == "student_view") != (self.distill.method == "dopsd"):
+            raise BadInput("algo.dllm.estimator='student_view' and algo.distill.method='dopsd' "
+                           "go together: dOPSD's student view is that estimator, and the "
+                           f"estimator only makes sense with it (got estimator {name!r}, "
+                           f"method {self.distill.method!r}).")
+        if not estimator_spec(name).diffusion:
+            return
+        if self.distill.method not in ("none", "dopsd"):
+            raise BadInput(f"algo.distill.method={self.distill.method!r} scores rollouts "
+                           f"with an autoregressive teacher; with a diffusion estimator "
+                           f"({name!r}) only dopsd (or none) is available.")
+        off = [n for n, on in (("algo.prefix", self.prefix.enabled),
+                               ("algo.replay", self.replay.enabled),
+                               ("algo.distill.drift", self.distill.drift.enabled)) if on]
+        if off or self.is_correction.mode != "none":
+            raise BadInput(f"the diffusion estimator {name!r} supports neither prefixes, "
+                           f"replay, drift gates nor trainer/engine correction (its sampler "
+                           f"reports no log-probs); turn off {', '.join(off) or 'nothing else'} "
+                           f"and set algo.is_correction.mode=none.")
 
 
 @dataclass(frozen=True)
@@ -196,11 +247,16 @@ class OptimSettings:
     weight_decay: float = 0.0
     # Clip the gradient's global norm to this (0 = off).
     grad_clip: float = 1.0
+    # Linear warmup of the learning rate over this many steps (0 = none). Adam's first
+    # updates move every weight by about lr whatever its gradient; the post-LN encoders of
+    # the diffusion testbed lost their reward within a step without it.
+    warmup_steps: int = 0
 
     def __post_init__(self):
         _positive("optim", self, "lr")
-        if self.grad_clip < 0 or self.weight_decay < 0:
-            raise BadInput("optim.grad_clip and optim.weight_decay must be >= 0.")
+        if self.grad_clip < 0 or self.weight_decay < 0 or self.warmup_steps < 0:
+            raise BadInput("optim.grad_clip, optim.weight_decay and optim.warmup_steps must "
+                           "be >= 0.")
 
 
 @dataclass(frozen=True)

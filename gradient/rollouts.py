@@ -19,6 +19,7 @@ from es_llm.backends.base import SamplingParams
 from es_llm.errors import BadInput
 from gradient import adaprefix, dapo
 from gradient.config import GRPORunConfig
+from gradient.dllm.estimators import estimator_spec
 
 
 def derive_seed(*parts) -> int:
@@ -50,6 +51,8 @@ class Groups:
     correct_P_G: torch.Tensor = None      # bool
     truncated_P_G: torch.Tensor = None    # bool: stopped by max_tokens
     prefix_P: list[float] = field(default_factory=list)              # fraction given
+    # What a diffusion sampler saw per row (DiffusionTrace), None for autoregressive rows.
+    traces: list = field(default_factory=list)                       # B rows
 
     @property
     def group_size(self) -> int:
@@ -66,7 +69,8 @@ class Groups:
                       engine_logp=[self.engine_logp[r] for r in rows],
                       rewards_P_G=self.rewards_P_G[keep_P], correct_P_G=self.correct_P_G[keep_P],
                       truncated_P_G=self.truncated_P_G[keep_P],
-                      prefix_P=[self.prefix_P[p] for p in ps])
+                      prefix_P=[self.prefix_P[p] for p in ps],
+                      traces=[self.traces[r] for r in rows])
 
     @staticmethod
     def concat(parts: list["Groups"], group_size: int) -> "Groups":
@@ -79,7 +83,8 @@ class Groups:
                       engine_logp=[r for g in parts for r in g.engine_logp],
                       rewards_P_G=cat("rewards_P_G"), correct_P_G=cat("correct_P_G").bool(),
                       truncated_P_G=cat("truncated_P_G").bool(),
-                      prefix_P=[f for g in parts for f in g.prefix_P])
+                      prefix_P=[f for g in parts for f in g.prefix_P],
+                      traces=[t for g in parts for t in g.traces])
 
 
 def draw_problems(problems: list, cfg: GRPORunConfig, step: int, round_: int) -> list:
@@ -105,9 +110,11 @@ def generate_groups(edges, problems: list, cfg: GRPORunConfig, step: int, round_
         prompts.append(ids + given)
         prefix_texts.append(tok.decode(given) if given else "")
         fractions.append(frac)
+    # A diffusion sampler reports no log-probs; its trainer estimates them from the trace.
+    diffusion = estimator_spec(cfg.algo.dllm.estimator).diffusion
     params = SamplingParams(n=r.group_size, temperature=r.temperature, top_p=r.top_p,
                             max_tokens=r.max_tokens, seed=derive_seed(cfg.seed, step, round_),
-                            logprobs=True)
+                            logprobs=not diffusion)
     out = edges.backend.generate(prompts, params)
     pairs = [(p, prefix_texts[i] + c.text) for i, p in enumerate(problems) for c in out[i]]
     scores = edges.task.score_many(pairs)
@@ -122,12 +129,14 @@ def generate_groups(edges, problems: list, cfg: GRPORunConfig, step: int, round_
     return Groups(problems=list(problems),
                   prompt_ids=[prompts[i] for i in range(P) for _ in range(G)],
                   completion_ids=[list(c.token_ids) for c in flat],
-                  engine_logp=[list(c.logprobs) for c in flat],
+                  engine_logp=[list(c.logprobs) if c.logprobs is not None else None
+                               for c in flat],
                   rewards_P_G=rewards_P_G,
                   correct_P_G=torch.tensor([s.correct for s in scores]).view(P, G),
                   truncated_P_G=torch.tensor([c.finish_reason == "length"
                                               for c in flat]).view(P, G),
-                  prefix_P=fractions)
+                  prefix_P=fractions,
+                  traces=[c.trace for c in flat])
 
 
 def collect(edges, problems: list, cfg: GRPORunConfig, step: int, prefix_state, prefix_cfg):

@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from es_llm.backends import require_vllm
+from es_llm.backends.diffusion import is_diffusion_model, saved_sampling
 from es_llm.backends.vllm_backend import vllm_available
 from es_llm.errors import BadInput
 from es_llm.evaluate import check_model_path
@@ -50,10 +51,10 @@ def _check_references(problems: list, cfg: GRPORunConfig, what: str = "algo.pref
                        f"turn the prefix controller off.")
 
 
-def _distill_models(cfg: GRPORunConfig, tokenizer, problems: list) -> dict:
+def _distill_models(cfg: GRPORunConfig, tokenizer, problems: list, model_class) -> dict:
     """The frozen models the distillation method declares, by role, each checked to share
     the student's tokenizer; the base is the student's starting folder."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     d = cfg.algo.distill
     if d.method == "none":
@@ -70,17 +71,46 @@ def _distill_models(cfg: GRPORunConfig, tokenizer, problems: list) -> dict:
         _check_same_tokenizer(tokenizer, AutoTokenizer.from_pretrained(path),
                               f"the {role} model {path!r}" if role != "teacher"
                               else f"the teacher {path!r}")
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        model = model_class.from_pretrained(path, dtype=torch.float32)
         models[role] = model.to(cfg.device).requires_grad_(False)
     return models
+
+
+def _check_estimator(cfg: GRPORunConfig) -> bool:
+    """Whether the policy is a masked-diffusion model, after checking that the configured
+    log-prob estimator is one for its kind of model (and the sampler can serve it)."""
+    from gradient.dllm.estimators import estimator_names, estimator_spec
+
+    diffusion = is_diffusion_model(cfg.model)
+    name = cfg.algo.dllm.estimator
+    if estimator_spec(name).diffusion != diffusion:
+        kind = "a masked-diffusion model" if diffusion else "an autoregressive model"
+        valid = [n for n in estimator_names() if estimator_spec(n).diffusion == diffusion]
+        raise BadInput(f"{cfg.model} is {kind}, but algo.dllm.estimator is {name!r}; valid "
+                       f"estimators for it are: {', '.join(valid)} (see configs/dllm_*.yaml).")
+    if diffusion:
+        if cfg.backend == "vllm":
+            raise BadInput(f"{cfg.model} is a masked-diffusion model, which vLLM cannot serve; "
+                           f"use backend=hf or backend=auto (the project's diffusion sampler).")
+        if cfg.rollout.top_p < 1:
+            raise BadInput("the diffusion sampler samples with temperature only; set "
+                           "rollout.top_p=1.")
+        if saved_sampling(cfg.model).gen_length > cfg.rollout.max_tokens:
+            raise BadInput(f"rollout.max_tokens ({cfg.rollout.max_tokens}) is shorter than the "
+                           f"model's canvas (gen_length {saved_sampling(cfg.model).gen_length} "
+                           f"in {cfg.model}/diffusion_sampling.json); completions would be cut "
+                           f"after decoding. Set rollout.max_tokens to the canvas length.")
+    return diffusion
 
 
 def build(cfg: GRPORunConfig, resume_from: Path | None = None):
     """``(edges, problems, state)``; with ``resume_from`` (a checkpoint folder) the policy,
     optimizer, step, prefix controller and replay buffer continue from it."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
 
     check_model_path(cfg.model)
+    diffusion = _check_estimator(cfg)
+    model_class = AutoModelForMaskedLM if diffusion else AutoModelForCausalLM
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise BadInput("device 'cuda' was asked for but torch sees no CUDA device; use device=cpu.")
     task = build_task(cfg.task)
@@ -92,16 +122,16 @@ def build(cfg: GRPORunConfig, resume_from: Path | None = None):
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     start = str(resume_from) if resume_from is not None else cfg.model
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)
-    model = AutoModelForCausalLM.from_pretrained(start, dtype=torch.float32).to(cfg.device)
+    model = model_class.from_pretrained(start, dtype=torch.float32).to(cfg.device)
     ref = None
     if cfg.algo.kl.coef > 0:
         ref_path = cfg.algo.kl.ref_model or cfg.model
         check_model_path(ref_path)
         _check_same_tokenizer(tokenizer, AutoTokenizer.from_pretrained(ref_path),
                               f"the reference model {ref_path!r}")
-        ref = AutoModelForCausalLM.from_pretrained(ref_path, dtype=torch.float32).to(cfg.device)
+        ref = model_class.from_pretrained(ref_path, dtype=torch.float32).to(cfg.device)
         ref.requires_grad_(False)
-    teachers = _distill_models(cfg, tokenizer, problems)
+    teachers = _distill_models(cfg, tokenizer, problems, model_class)
     o = cfg.optim
     optimizer = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=(o.beta1, o.beta2),
                                   weight_decay=o.weight_decay)
@@ -126,9 +156,16 @@ def build(cfg: GRPORunConfig, resume_from: Path | None = None):
             state.prefix = PrefixState.from_dict(saved["prefix"])
         if state.replay is not None and saved["replay"] is not None:
             state.replay.load_state_dict(saved["replay"])
-    use_vllm = cfg.backend == "vllm" or (cfg.backend == "auto" and vllm_available())
+    use_vllm = not diffusion and (cfg.backend == "vllm" or (cfg.backend == "auto"
+                                                            and vllm_available()))
     sync = None
-    if use_vllm:
+    if diffusion:
+        # The sampler decodes with the policy itself, so updates need no weight sync.
+        from es_llm.backends.diffusion import DiffusionBackend
+        backend = DiffusionBackend(start, model=model, tokenizer=tokenizer, device=cfg.device,
+                                   sampling=saved_sampling(cfg.model), batch_size=cfg.micro_batch,
+                                   record_states=cfg.algo.distill.method == "dopsd")
+    elif use_vllm:
         require_vllm()
         from es_llm.backends.vllm_backend import VLLMBackend
         backend = VLLMBackend(start, seed=cfg.seed, logprobs_mode="processed",
@@ -141,5 +178,6 @@ def build(cfg: GRPORunConfig, resume_from: Path | None = None):
         backend = HFBackend(start, model=model, tokenizer=tokenizer, device=cfg.device,
                             logprobs_mode="processed")
     edges = Edges(model=model, tokenizer=tokenizer, backend=backend, task=task,
-                  optimizer=optimizer, ref_model=ref, sync=sync, teachers=teachers)
+                  optimizer=optimizer, ref_model=ref, sync=sync, teachers=teachers,
+                  block_length=backend.sampling.block_length if diffusion else 1)
     return edges, problems, state

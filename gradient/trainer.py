@@ -14,6 +14,12 @@ Log-prob bookkeeping (the usual source of silent GRPO bugs):
   the gradient is the policy gradient;
 * the mismatch weight ``is_weight`` = f(old_logp - engine_logp) (TIS/MIS), frozen at birth
   like ``old_logp`` for replayed rollouts.
+
+Every log-prob goes through the registered estimator of ``algo.dllm.estimator``
+(``gradient.dllm.estimators``): exact teacher forcing for causal LMs, a masked estimate for
+diffusion LMs, whose sampler reports none (so ``engine_logp`` is None and there is no
+mismatch correction). An estimator whose masks change per inner iteration (d1) has its
+old and reference log-probs frozen once per iteration (``old_views``, ``ref_views``).
 """
 
 from __future__ import annotations
@@ -36,8 +42,10 @@ from gradient.distill.drift_gate import drift_gates
 from gradient.distill.methods import method_spec
 from gradient.distill.opd import generalized_jsd
 from gradient.distill.scoring import divergence_params, target_logp
+from gradient.dllm.estimators import (EstimateInput, estimate, estimator_spec,
+                                      quadrature_levels, scored_tokens, teacher_view_targets)
 from gradient.kl import kl_estimate
-from gradient.logprobs import completion_logits, completion_logprobs, pad_rows, token_stats
+from gradient.logprobs import pad_rows
 from gradient.losses import LossInput, compute_loss, gapo_clip_high
 from gradient.rollout_correction import is_weights
 from gradient.rollouts import collect, derive_seed, prefix_controller_config
@@ -60,6 +68,8 @@ class Edges:
     # Frozen models of on-policy distillation by role (teacher, base, positive, negative);
     # empty without distillation.
     teachers: dict = field(default_factory=dict)
+    # A diffusion policy's sampler block length (its estimators score block by block).
+    block_length: int = 1
 
 
 @dataclass
@@ -73,8 +83,9 @@ class TrainerState:
     teacher_solve: dict = field(default_factory=dict)
 
 
-def make_rows(groups, cfg: GRPORunConfig) -> list[dict]:
-    """One training row per rollout, with its advantage (and GAPO clip bound)."""
+def make_rows(groups, cfg: GRPORunConfig, step: int = 0) -> list[dict]:
+    """One training row per rollout, with its advantage (and GAPO clip bound); a diffusion
+    rollout also carries its trace and the seed of its log-prob masks."""
     a = cfg.algo
     adv_P_G = compute_advantages(a.advantage, AdvantageInput(groups.rewards_P_G, std_eps=a.std_eps,
                                                              unbiased_std=a.unbiased_std))
@@ -83,12 +94,71 @@ def make_rows(groups, cfg: GRPORunConfig) -> list[dict]:
     adv_B = adv_P_G.reshape(-1).tolist()
     clip_B = clip_high_P_G.reshape(-1).tolist() if clip_high_P_G is not None else None
     reward_B = groups.rewards_P_G.reshape(-1).tolist()
+    correct_B = groups.correct_P_G.reshape(-1).tolist()
     G = groups.rewards_P_G.shape[1]
-    return [{"prompt_ids": groups.prompt_ids[b], "completion_ids": groups.completion_ids[b],
+    traces = groups.traces or [None] * len(adv_B)
+    rows = [{"prompt_ids": groups.prompt_ids[b], "completion_ids": groups.completion_ids[b],
              "engine_logp": groups.engine_logp[b], "adv": adv_B[b], "reward": reward_B[b],
-             "clip_high": clip_B[b] if clip_B else None, "old_logp": None, "is_weight": None,
-             "problem": groups.problems[b // G], "group": b // G}
+             "correct": correct_B[b], "clip_high": clip_B[b] if clip_B else None,
+             "old_logp": None, "is_weight": None, "problem": groups.problems[b // G],
+             "group": b // G, "trace": traces[b],
+             "mask_seed": derive_seed(cfg.seed, "mask", step, b)}
             for b in range(len(adv_B))]
+    return quadrature_rows(rows, cfg) if a.dllm.estimator == "quadrature" else rows
+
+
+def quadrature_rows(rows: list[dict], cfg: GRPORunConfig) -> list[dict]:
+    """SLIM-RL's deterministic quadrature: each rollout becomes one row per Gauss-Legendre
+    level j with weight ``K w_j``, so sequence-mean aggregation over the B K rows gives
+    ``(1/B) sum_b sum_j w_j L_bj``."""
+    _, w_K = quadrature_levels(cfg.algo.dllm.quadrature_points)
+    K = len(w_K)
+    return [{**r, "level": j, "row_weight": float(K * w_K[j])} for r in rows for j in range(K)]
+
+
+def _views(cfg: GRPORunConfig) -> list[int]:
+    """The mask views whose log-probs are frozen: one per inner iteration (epoch) for an
+    estimator whose masks change with it, else one."""
+    return list(range(cfg.algo.epochs)) if estimator_spec(cfg.algo.dllm.estimator).per_view \
+        else [0]
+
+
+def _input(edges: Edges, model, rows: list[dict], cfg: GRPORunConfig, view: int = 0,
+           full: bool = False, with_entropy: bool = True) -> EstimateInput:
+    a = cfg.algo
+    return EstimateInput(
+        model=model, rows=rows, temperature=cfg.rollout.temperature,
+        pad_id=edges.tokenizer.pad_token_id, mask_id=edges.tokenizer.mask_token_id,
+        settings=a.dllm, block_length=edges.block_length, view=view, full=full,
+        with_entropy=with_entropy, dopsd=a.distill.dopsd)
+
+
+def _estimate(edges: Edges, model, rows: list[dict], cfg: GRPORunConfig, view: int = 0,
+              full: bool = False, with_entropy: bool = True):
+    return estimate(cfg.algo.dllm.estimator, _input(edges, model, rows, cfg, view, full,
+                                                    with_entropy))
+
+
+@torch.no_grad()
+def _frozen_logp(edges: Edges, model, rows: list[dict], cfg: GRPORunConfig, view: int):
+    """``(logp_B_T, mask_B_T)`` of ``rows`` under a model, micro-batch by micro-batch."""
+    T = max(len(r["completion_ids"]) for r in rows)
+    parts = [_estimate(edges, model, rows[s:s + cfg.micro_batch], cfg, view,
+                       with_entropy=False) for s in range(0, len(rows), cfg.micro_batch)]
+    logp_B_T = torch.cat([_pad_to(p.logp_B_T, T) for p in parts])
+    return logp_B_T, torch.cat([_pad_to(p.mask_B_T, T) for p in parts])
+
+
+def _pad_to(x_B_T: torch.Tensor, T: int) -> torch.Tensor:
+    return torch.nn.functional.pad(x_B_T, (0, T - x_B_T.shape[1]))
+
+
+def _row_old(r: dict, epoch: int):
+    return r["old_views"][epoch] if r.get("old_views") else r["old_logp"]
+
+
+def _row_ref(r: dict, epoch: int):
+    return r["ref_views"][epoch] if r.get("ref_views") else r["ref_logp"]
 
 
 def needs_old_logp(cfg: GRPORunConfig) -> bool:
@@ -103,10 +173,9 @@ def freeze_behaviour(edges: Edges, rows: list[dict], cfg: GRPORunConfig) -> dict
     fresh = [r for r in rows if r["old_logp"] is None]
     if not fresh or not needs_old_logp(cfg):
         return {}
-    prompts, comps = [r["prompt_ids"] for r in fresh], [r["completion_ids"] for r in fresh]
-    old_B_T, _, mask_B_T = completion_logprobs(
-        edges.model, prompts, comps, temperature=cfg.rollout.temperature,
-        pad_id=edges.tokenizer.pad_token_id, with_entropy=False, micro_batch=cfg.micro_batch)
+    views = _views(cfg)
+    old = {v: _frozen_logp(edges, edges.model, fresh, cfg, v) for v in views}
+    old_B_T, mask_B_T = old[0]
     engine_B_T = pad_rows([r["engine_logp"] or [] for r in fresh], old_B_T.shape[1],
                           old_B_T.device)
     # Rows the sampler did not produce (RSTG's teacher trajectories) get no correction.
@@ -120,6 +189,8 @@ def freeze_behaviour(edges: Edges, rows: list[dict], cfg: GRPORunConfig) -> dict
         n = len(r["completion_ids"])
         r["old_logp"] = old_B_T[i, :n].tolist()
         r["is_weight"] = w_B_T[i, :n].tolist()
+        if len(views) > 1:
+            r["old_views"] = [old[v][0][i, :n].tolist() for v in views]
     return {f"is/{k}": float(v) for k, v in m.items()}
 
 
@@ -130,48 +201,52 @@ def freeze_reference(edges: Edges, rows: list[dict], cfg: GRPORunConfig) -> None
     fresh = [r for r in rows if r.get("ref_logp") is None]
     if edges.ref_model is None or not fresh:
         return
-    ref_B_T, _, _ = completion_logprobs(
-        edges.ref_model, [r["prompt_ids"] for r in fresh], [r["completion_ids"] for r in fresh],
-        temperature=cfg.rollout.temperature, pad_id=edges.tokenizer.pad_token_id,
-        with_entropy=False, micro_batch=cfg.micro_batch)
+    views = _views(cfg)
+    ref = {v: _frozen_logp(edges, edges.ref_model, fresh, cfg, v)[0] for v in views}
     for i, r in enumerate(fresh):
-        r["ref_logp"] = ref_B_T[i, :len(r["completion_ids"])].tolist()
+        n = len(r["completion_ids"])
+        r["ref_logp"] = ref[0][i, :n].tolist()
+        if len(views) > 1:
+            r["ref_views"] = [ref[v][i, :n].tolist() for v in views]
 
 
-def _policy_logp(edges: Edges, rows: list[dict], cfg: GRPORunConfig, full: bool):
+def _policy_logp(edges: Edges, rows: list[dict], cfg: GRPORunConfig, full: bool, view: int):
     """The policy's log-probs, entropy and mask for ``rows`` (with the graph), and the full
     distributions when a divergence method needs them."""
-    prompts, comps = [r["prompt_ids"] for r in rows], [r["completion_ids"] for r in rows]
-    T = max(len(c) for c in comps)
-    if not full or T == 0:
-        return (*completion_logprobs(edges.model, prompts, comps,
-                                     temperature=cfg.rollout.temperature,
-                                     pad_id=edges.tokenizer.pad_token_id, with_entropy=True),
-                None)
-    logp_B_T_V, targets_B_T, mask_B_T, _ = completion_logits(
-        edges.model, prompts, comps, T, cfg.rollout.temperature, edges.tokenizer.pad_token_id)
-    return (*token_stats(logp_B_T_V, targets_B_T, mask_B_T), mask_B_T, logp_B_T_V)
+    e = _estimate(edges, edges.model, rows, cfg, view, full=full)
+    return e.logp_B_T, e.entropy_B_T, e.mask_B_T, e.logp_B_T_V
 
 
 def _divergence(edges: Edges, rows: list[dict], cfg: GRPORunConfig, kind: str,
                 logp_B_T_V: torch.Tensor, mask_B_T: torch.Tensor) -> torch.Tensor:
     """Per-token divergence of the policy from the method's target distributions."""
+    d = cfg.algo.distill
+    if kind == "self_view":
+        teacher = edges.teachers["base"] if d.dopsd.fixed_teacher else edges.model
+        target_B_T_V = teacher_view_targets(
+            teacher, rows, mask_B_T.shape[1], cfg.rollout.temperature,
+            edges.tokenizer.pad_token_id, edges.tokenizer.mask_token_id, d.dopsd)
+        return generalized_jsd(logp_B_T_V, target_B_T_V, mask_B_T, d.dopsd.beta)
     target_B_T_V, _ = target_logp(kind, edges.teachers, [r["prompt_ids"] for r in rows],
                                   [r["completion_ids"] for r in rows], cfg,
                                   edges.tokenizer.pad_token_id, mask_B_T.shape[1])
-    beta, top_k, tail = divergence_params(kind, cfg.algo.distill)
+    beta, top_k, tail = divergence_params(kind, d)
     return generalized_jsd(logp_B_T_V, target_B_T_V, mask_B_T, beta, top_k=top_k,
                            tail_bucket=tail)
 
 
-def _micro_loss(edges: Edges, rows: list[dict], cfg: GRPORunConfig, tokens: float, seqs: float):
+def _micro_loss(edges: Edges, rows: list[dict], cfg: GRPORunConfig, tokens: float, seqs: float,
+                epoch: int = 0):
     """The loss of one micro-batch as its share of the mini-batch (global counts)."""
     a, d = cfg.algo, cfg.algo.distill
     kind = method_spec(d.method).divergence if d.method != "none" else None
-    logp_B_T, ent_B_T, mask_B_T, logp_B_T_V = _policy_logp(edges, rows, cfg, kind is not None)
+    view = epoch if len(_views(cfg)) > 1 else 0
+    logp_B_T, ent_B_T, mask_B_T, logp_B_T_V = _policy_logp(edges, rows, cfg, kind is not None,
+                                                           view)
     T, dev = logp_B_T.shape[1], logp_B_T.device
     frozen = rows[0]["old_logp"] is not None
-    old_B_T = pad_rows([r["old_logp"] for r in rows], T, dev) if frozen else logp_B_T.detach()
+    old_B_T = (pad_rows([_row_old(r, view) for r in rows], T, dev) if frozen
+               else logp_B_T.detach())
     if rows[0].get("adv_tokens") is not None:  # per-token advantages (distillation)
         adv_B_T = pad_rows([r["adv_tokens"] for r in rows], T, dev)
     else:
@@ -184,6 +259,8 @@ def _micro_loss(edges: Edges, rows: list[dict], cfg: GRPORunConfig, tokens: floa
                     is_weight_B_T=(pad_rows([r["is_weight"] for r in rows], T, dev)
                                    if frozen else None))
     loss_B_T, m = compute_loss(a.loss, inp)
+    if rows[0].get("row_weight") is not None:  # quadrature levels
+        loss_B_T = loss_B_T * torch.tensor([r["row_weight"] for r in rows], device=dev)[:, None]
     stats = {}
     gate_B_T = None
     if d.drift.enabled:
@@ -206,7 +283,7 @@ def _micro_loss(edges: Edges, rows: list[dict], cfg: GRPORunConfig, tokens: floa
         total = total - a.entropy_coef * entropy
     kl = torch.zeros(())
     if edges.ref_model is not None:
-        ref_B_T = pad_rows([r["ref_logp"] for r in rows], T, dev)
+        ref_B_T = pad_rows([_row_ref(r, view) for r in rows], T, dev)
         kl = aggregate(kl_estimate(a.kl.estimator, logp_B_T, ref_B_T), mask_B_T, a.aggregation,
                        **agg)
         total = total + a.kl.coef * kl
@@ -221,7 +298,10 @@ def _micro_loss(edges: Edges, rows: list[dict], cfg: GRPORunConfig, tokens: floa
 def policy_update(edges: Edges, rows: list[dict], cfg: GRPORunConfig, step: int) -> dict:
     """``epochs`` passes of ``mini_batches`` optimizer steps over ``rows``; metrics are
     summed over micro-batches (they are shares of the mini-batch) and averaged over updates."""
-    a = cfg.algo
+    a, o = cfg.algo, cfg.optim
+    # The warmup is a function of the step alone, so a resumed run needs no scheduler state.
+    for group in edges.optimizer.param_groups:
+        group["lr"] = o.lr * min(1.0, (step + 1) / o.warmup_steps) if o.warmup_steps else o.lr
     totals: dict[str, float] = {}
     updates = 0
     for epoch in range(a.epochs):
@@ -230,11 +310,12 @@ def policy_update(edges: Edges, rows: list[dict], cfg: GRPORunConfig, step: int)
         size = -(-len(rows) // a.mini_batches)
         for start in range(0, len(rows), size):
             mini = [rows[i] for i in order[start:start + size]]
-            tokens = float(sum(len(r["completion_ids"]) for r in mini))
+            tokens = float(scored_tokens(a.dllm.estimator, _input(edges, edges.model, mini, cfg)))
             edges.optimizer.zero_grad(set_to_none=True)
             acc: dict[str, float] = {}
             for s in range(0, len(mini), cfg.micro_batch):
-                part = _micro_loss(edges, mini[s:s + cfg.micro_batch], cfg, tokens, len(mini))
+                part = _micro_loss(edges, mini[s:s + cfg.micro_batch], cfg, tokens, len(mini),
+                                   epoch)
                 for k, v in part.items():
                     acc[k] = acc.get(k, 0.0) + v
             params = [p for p in edges.model.parameters() if p.grad is not None]
@@ -255,7 +336,7 @@ def step(edges: Edges, cfg: GRPORunConfig, state: TrainerState, problems: list):
                                             prefix_cfg)
     state.samples += int(metrics.pop("samples/step"))
     t_gen = time.perf_counter() - t0
-    rows = make_rows(groups, cfg) if groups.problems else []
+    rows = make_rows(groups, cfg, state.step) if groups.problems else []
     if edges.teachers and rows:
         rows, distill_metrics = distill_rows(edges, rows, cfg, state.step, state.teacher_solve)
         metrics.update(distill_metrics)

@@ -34,6 +34,17 @@ def ci_testbed() -> Path:
 
 
 @pytest.fixture(scope="session")
+def ci_diffusion() -> Path:
+    """The ci testbed with its diffusion model (off by default), built once into the cache."""
+    from es_llm.testbed.build import build_testbed
+    from es_llm.testbed.config import load_testbed_config
+
+    path, _ = build_testbed(load_testbed_config("ci", overrides=["diffusion.enabled=true"]),
+                            progress=False, echo=lambda *_: None)
+    return path
+
+
+@pytest.fixture(scope="session")
 def vllm_engine(ci_testbed):
     """The one in-process vLLM engine of the test session, on the ci testbed, set up for ES
     (worker extension, no prefix caching). In-process engines share vLLM's global parallel

@@ -24,7 +24,7 @@ def test_testbed_presets_load():
     assert load_testbed_config("default").size == "default"
 
 
-GRADIENT_PREFIXES = ("grpo_", "dapo_", "gspo_", "gapo_", "adaprefix_", "replay_", "opd_")
+GRADIENT_PREFIXES = ("grpo_", "dapo_", "gspo_", "gapo_", "adaprefix_", "replay_", "opd_", "dllm_")
 
 
 @pytest.mark.parametrize("path", sorted(p for p in CONFIGS.glob("*.yaml")
@@ -32,12 +32,15 @@ GRADIENT_PREFIXES = ("grpo_", "dapo_", "gspo_", "gapo_", "adaprefix_", "replay_"
                          ids=lambda p: p.name)
 def test_grpo_family_configs_load_and_are_exercised(path):
     from gradient.config import GRPORunConfig
+    from test_dllm_trainer import DLLM_CI_CONFIGS, DLLM_CONFIGS
     from test_grpo_trainer import OPD_CONFIGS, VARIANTS
 
     cfg = load_config(GRPORunConfig, path=path)
     assert cfg.rollout.group_size >= 2
-    # Every shipped variant runs end to end in test_grpo_trainer (the ci one is its base).
-    assert path.name in VARIANTS + OPD_CONFIGS or path.name == "grpo_countdown_ci.yaml"
+    # Every shipped variant runs end to end in test_grpo_trainer or test_dllm_trainer (the
+    # grpo ci one is the base of the first).
+    exercised = VARIANTS + OPD_CONFIGS + DLLM_CONFIGS + DLLM_CI_CONFIGS
+    assert path.name in exercised or path.name == "grpo_countdown_ci.yaml"
 
 
 def test_every_config_belongs_to_a_command():

@@ -61,12 +61,14 @@ class SamplingParams:
 class Completion:
     """One generated continuation: its text (stop string and EOS excluded), token ids (with
     the EOS that ended it, if one did), and per-token logprobs aligned with the ids when they
-    were asked for. ``finish_reason`` is "stop" (EOS or a stop string) or "length"."""
+    were asked for. ``finish_reason`` is "stop" (EOS or a stop string) or "length".
+    ``trace`` is what a diffusion sampler saw (``DiffusionTrace``), None for the others."""
 
     text: str
     token_ids: tuple[int, ...]
     logprobs: tuple[float, ...] | None
     finish_reason: str
+    trace: object = None
 
 
 class Backend(Protocol):

@@ -9,6 +9,7 @@ text of a completion, never the canvas (the model was trained on a fixed canvas 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -37,6 +38,17 @@ def saved_sampling(path: str | Path) -> DiffusionSampling:
     return from_dict(DiffusionSampling, data, prefix="diffusion_sampling.")
 
 
+@dataclass(frozen=True)
+class DiffusionTrace:
+    """One decoded canvas: every position's token (``canvas_L``, EOS fill included), the step
+    that committed it (``step_map_L``) and, when recorded, the canvas after each step
+    (``states_S_L``, int tensor, S = steps taken)."""
+
+    canvas_L: tuple[int, ...]
+    step_map_L: tuple[int, ...]
+    states_S_L: torch.Tensor | None = None
+
+
 class DiffusionBackend:
     """Batched diffusion sampling on the CPU (or a given device); the same interface as the
     autoregressive backends, plus ``sample_canvases`` for callers that need the step map."""
@@ -44,7 +56,8 @@ class DiffusionBackend:
     name = "diffusion"
 
     def __init__(self, model_path: str, sampling: DiffusionSampling | None = None,
-                 batch_size: int = 256, device: str = "cpu", model=None, tokenizer=None):
+                 batch_size: int = 256, device: str = "cpu", model=None, tokenizer=None,
+                 record_states: bool = False):
         from transformers import AutoModelForMaskedLM, AutoTokenizer
 
         self.sampling = sampling or saved_sampling(model_path)
@@ -56,6 +69,9 @@ class DiffusionBackend:
         self.model.to(device).eval()
         self.device = device
         self.batch_size = batch_size
+        # Keep every intermediate canvas in each completion's trace (on-policy self-
+        # distillation reads them); off for evaluation, where they would only cost memory.
+        self.record_states = record_states
 
     def _denoise(self, ids_B_T: torch.Tensor, attention_B_T: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids=ids_B_T.to(self.device),
@@ -71,7 +87,8 @@ class DiffusionBackend:
                  progress: bool = False) -> list[list[Completion]]:
         if params.top_p < 1.0 or params.logprobs or params.stop:
             raise BadInput("the diffusion backend samples with temperature only: top_p < 1, "
-                           "stop strings and per-token logprobs are not defined for it.")
+                           "stop strings and per-token logprobs are not defined for it "
+                           "(its trainers estimate log-probs from the recorded trace).")
         encoded = [self.tokenizer(p).input_ids if isinstance(p, str) else list(p) for p in prompts]
         jobs = [(p, s) for p in range(len(prompts)) for s in range(params.n)]
         results: list[list[Completion | None]] = [[None] * params.n for _ in prompts]
@@ -80,16 +97,20 @@ class DiffusionBackend:
         for start in range(0, len(jobs), self.batch_size):
             chunk = jobs[start:start + self.batch_size]
             canvas = self.sample_canvases([encoded[p] for p, _ in chunk], params.temperature,
-                                          generator)
+                                          generator, record_states=self.record_states)
             L = self.sampling.gen_length
             tokens_B_L = canvas.ids_B_T.gather(1, canvas.canvas_index(L))
-            for (p, s), row in zip(chunk, tokens_B_L.tolist()):
-                results[p][s] = self._finish(row, params.max_tokens)
+            states_S_B_L = torch.stack(canvas.states) if canvas.states else None
+            for i, ((p, s), row) in enumerate(zip(chunk, tokens_B_L.tolist())):
+                trace = DiffusionTrace(tuple(row), tuple(canvas.step_map_B_L[i].tolist()),
+                                       states_S_B_L[:, i].clone() if states_S_B_L is not None
+                                       else None)
+                results[p][s] = self._finish(row, params.max_tokens, trace)
             bar.update(len(chunk))
         bar.close()
         return results  # type: ignore[return-value]
 
-    def _finish(self, canvas: list[int], max_tokens: int) -> Completion:
+    def _finish(self, canvas: list[int], max_tokens: int, trace: DiffusionTrace) -> Completion:
         eos = self.tokenizer.eos_token_id
         ids = canvas[:canvas.index(eos) + 1] if eos in canvas else canvas
         finish = "stop" if ids and ids[-1] == eos else "length"
@@ -97,7 +118,8 @@ class DiffusionBackend:
             ids, finish = ids[:max_tokens], "length"
         body = ids[:-1] if finish == "stop" else ids
         text = self.tokenizer.decode(body, skip_special_tokens=False)
-        return Completion(text=text, token_ids=tuple(ids), logprobs=None, finish_reason=finish)
+        return Completion(text=text, token_ids=tuple(ids), logprobs=None, finish_reason=finish,
+                          trace=trace)
 
     def close(self) -> None:
         self.model = None

@@ -125,7 +125,8 @@ class Teachers:
 
 @dataclass(frozen=True)
 class EncoderShape:
-    # ModernBERT encoder of the diffusion model: width, depth, heads, GeGLU MLP width.
+    # The diffusion model's encoder: bert or modernbert; width, depth, heads, MLP width.
+    arch: str = "bert"
     hidden_size: int = 128
     num_layers: int = 4
     num_heads: int = 4
@@ -133,6 +134,9 @@ class EncoderShape:
     max_positions: int = 256
 
     def __post_init__(self):
+        if self.arch not in ("bert", "modernbert"):
+            raise BadInput(f"unknown diffusion.model.arch {self.arch!r}; valid choices are: "
+                           f"bert, modernbert.")
         if self.hidden_size % self.num_heads:
             raise BadInput(f"diffusion.model: hidden_size ({self.hidden_size}) must be "
                            f"divisible by num_heads ({self.num_heads}).")

@@ -78,10 +78,18 @@ def distill_rows(edges, rows: list[dict], cfg, step: int, solve_cache: dict):
     d = cfg.algo.distill
     spec = method_spec(d.method)
     pad_id = edges.tokenizer.pad_token_id
-    teacher_B_T, mask_B_T, scorer_metrics = token_logp(spec.scorer, edges.model, edges.teachers,
-                                                       fresh, cfg, edges.tokenizer)
+    if spec.scorer == "none":  # the method's signal is its divergence term alone
+        T = max(len(r["completion_ids"]) for r in fresh)
+        mask_B_T = pad_rows([[1.0] * len(r["completion_ids"]) for r in fresh], T, "cpu")
+        teacher_B_T = student_B_T = torch.zeros_like(mask_B_T)
+        scorer_metrics = {}
+    else:
+        teacher_B_T, mask_B_T, scorer_metrics = token_logp(spec.scorer, edges.model,
+                                                           edges.teachers, fresh, cfg,
+                                                           edges.tokenizer)
+        student_B_T = pad_rows([r["engine_logp"] for r in fresh], teacher_B_T.shape[1],
+                               teacher_B_T.device)
     T, dev = teacher_B_T.shape[1], teacher_B_T.device
-    student_B_T = pad_rows([r["engine_logp"] for r in fresh], T, dev)
     extra = {}
     if spec.needs_entropy or spec.needs_hidden:
         layer = d.dear.layer if spec.needs_hidden else None
@@ -101,15 +109,18 @@ def distill_rows(edges, rows: list[dict], cfg, step: int, solve_cache: dict):
         student_logp_B_T=student_B_T, teacher_logp_B_T=teacher_B_T, mask_B_T=mask_B_T,
         reward_adv_B=torch.tensor([r["adv"] for r in fresh], device=dev),
         reward_B=torch.tensor([r["reward"] for r in fresh], device=dev),
+        correct_B=torch.tensor([bool(r.get("correct")) for r in fresh], device=dev),
         settings=d, step=step, **extra))
     for i, r in enumerate(fresh):
         r["adv_tokens"] = out.adv_B_T[i, :len(r["completion_ids"])].tolist()
     dropped = {id(r) for r, k in zip(fresh, out.keep_B.tolist()) if not k}
     kept = [r for r in rows if id(r) not in dropped]
     tokens = mask_B_T.sum().clamp(min=1)
-    metrics = {"reverse_kl": float(((student_B_T - teacher_B_T) * mask_B_T).sum() / tokens),
-               "teacher_logp": float((teacher_B_T * mask_B_T).sum() / tokens),
-               **scorer_metrics, **out.metrics}
+    metrics = dict(scorer_metrics, **out.metrics)
+    if spec.scorer != "none":
+        metrics.update({
+            "reverse_kl": float(((student_B_T - teacher_B_T) * mask_B_T).sum() / tokens),
+            "teacher_logp": float((teacher_B_T * mask_B_T).sum() / tokens)})
     if spec.needs_solve_rate and d.rstg.sft_coef > 0:
         r = d.rstg
         weight = r.sft_coef * linear_anneal(step, r.beta_init, r.beta_decay, r.beta_floor)

@@ -128,10 +128,45 @@ class DriftSettings:
                "algo.distill.drift needs block_size >= 1 and tau >= 0.")
 
 
+DOPSD_TEACHER_VIEWS = ("snapshot", "final", "all_future")
+DOPSD_STEP_SELECT = ("random", "most", "least")
+
+
+@dataclass(frozen=True)
+class DOPSDSettings:
+    # The teacher's view of the student's trajectory: `gap` steps after the student's state
+    # (snapshot), the final canvas (final), or the mean over every later state (all_future).
+    teacher_view: str = "snapshot"
+    gap: int = 4
+    # The student's state: one whose masked fraction of the completion exceeds the
+    # threshold, the most masked, the least masked or a random one (seeded per rollout).
+    mask_threshold: float = 0.3
+    step_select: str = "random"
+    # Teacher weights: the initial model's, frozen (true, the paper's main setting), or the
+    # live model's under stop-gradient.
+    fixed_teacher: bool = True
+    # Drop rollouts the verifier judges wrong (the loss is then 0 on them).
+    filter_wrong: bool = False
+    # Generalized JSD: 0 = forward KL(teacher || student), the stable default; 1 = reverse.
+    beta: float = 0.0
+
+    def __post_init__(self):
+        _check(self.teacher_view in DOPSD_TEACHER_VIEWS,
+               f"unknown algo.distill.dopsd.teacher_view {self.teacher_view!r}; valid choices "
+               f"are: {', '.join(DOPSD_TEACHER_VIEWS)}.")
+        _check(self.step_select in DOPSD_STEP_SELECT,
+               f"unknown algo.distill.dopsd.step_select {self.step_select!r}; valid choices "
+               f"are: {', '.join(DOPSD_STEP_SELECT)}.")
+        _check(self.gap >= 1, f"algo.distill.dopsd.gap must be >= 1, got {self.gap}.")
+        _check(0 <= self.mask_threshold < 1 and 0 <= self.beta <= 1,
+               "algo.distill.dopsd needs mask_threshold in [0, 1) and beta in [0, 1].")
+
+
 @dataclass(frozen=True)
 class DistillSettings:
     # On-policy distillation method (none = plain GRPO): opd, ra_opd, rstg, dear, avsd (per-
-    # token advantages on the sampled tokens), gjsd or w2s (full-distribution divergences).
+    # token advantages on the sampled tokens), gjsd or w2s (full-distribution divergences),
+    # dopsd (diffusion LMs: self-distillation from a later state of the same trajectory).
     method: str = "none"
     # The teacher: a Hugging Face folder whose tokenizer is the student's (opd, ra_opd, rstg,
     # dear, gjsd); avsd's teacher is the student itself, w2s's the proxy of w2s.*.
@@ -146,6 +181,7 @@ class DistillSettings:
     dear: DEARSettings = field(default_factory=DEARSettings)
     avsd: AVSDSettings = field(default_factory=AVSDSettings)
     drift: DriftSettings = field(default_factory=DriftSettings)
+    dopsd: DOPSDSettings = field(default_factory=DOPSDSettings)
 
     def __post_init__(self):
         from gradient.distill.methods import distill_method_names, method_spec

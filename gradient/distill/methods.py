@@ -46,6 +46,8 @@ class DistillInput:
     hidden_B_T_H: torch.Tensor | None = None
     failed_B: torch.Tensor | None = None
     omega_B: torch.Tensor | None = None
+    # Whether the verifier judged each rollout correct.
+    correct_B: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -63,12 +65,14 @@ class MethodSpec:
     # positive, negative.
     models: tuple[str, ...] = ("teacher",)
     # How teacher_logp_B_T is made: teacher (the teacher model on the same prompt), views
-    # (the AVSD target over privileged views), w2s (the proxy teacher).
+    # (the AVSD target over privileged views), w2s (the proxy teacher), none (not needed:
+    # the method's whole signal is its divergence term).
     scorer: str = "teacher"
     needs_entropy: bool = False
     needs_hidden: bool = False
     needs_solve_rate: bool = False
-    # A full-distribution divergence added to the loss: None, teacher or w2s (its target).
+    # A full-distribution divergence added to the loss: None, teacher, w2s (its target) or
+    # self_view (dOPSD: the same model on a later state of the trajectory).
     divergence: str | None = None
 
 
@@ -193,3 +197,15 @@ _register("gjsd", divergence="teacher")(_reward_only)
 # W2S-OPD: reverse KL to the proxy teacher base + alpha (positive - negative) (``w2s``).
 _register("w2s", models=("base", "positive", "negative"), scorer="w2s",
           divergence="w2s")(_reward_only)
+
+
+@_register("dopsd", models=("base",), scorer="none", divergence="self_view")
+def dopsd(inp: DistillInput) -> DistillOutput:
+    """dOPSD (Dat, Li, Wang 2026, arXiv 2607.04428) for masked-diffusion students: no
+    advantage term; the loss is the generalized JSD between the student on an intermediate
+    state of its own trajectory and the teacher on a later state (``dllm.estimators``). With
+    ``filter_wrong`` the rollouts the verifier rejects leave the batch (loss 0 on them)."""
+    adv_B_T = torch.zeros_like(inp.mask_B_T)
+    keep_B = (inp.correct_B.bool() if inp.settings.dopsd.filter_wrong
+              else _keep_all(adv_B_T))
+    return DistillOutput(adv_B_T, keep_B, {"kept_frac": float(keep_B.float().mean())})
