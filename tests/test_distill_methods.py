@@ -43,8 +43,9 @@ def test_ra_opd_keeps_rollouts_whose_return_agrees_with_the_outcome(rewards, kep
 
 
 def test_unknown_method_names_the_valid_ones():
-    assert distill_method_names() == ["avsd", "dear", "gjsd", "opd", "ra_opd", "rstg", "w2s"]
-    with pytest.raises(ValueError, match="choose one of avsd, dear, gjsd, opd, ra_opd"):
+    assert distill_method_names() == ["avsd", "dear", "dopsd", "gjsd", "opd", "ra_opd", "rstg",
+                                      "w2s"]
+    with pytest.raises(ValueError, match="choose one of avsd, dear, dopsd, gjsd, opd, ra_opd"):
         run_distill("gkd", table([1.0, 0.0]))
 
 
