@@ -201,15 +201,25 @@ def _blockwise(inp: EstimateInput, noisy_B_L: torch.Tensor, scored_B_L: torch.Te
                                       canvas_B_L[i]))
             owners.append(i)
             keeps.append(keep_L)
-    logp_N_L_V = canvas_logp(inp.model, [rows[i]["prompt_ids"] for i in owners],
-                             torch.stack(inputs), inp.pad_id, inp.temperature)
-    V = logp_N_L_V.shape[-1]
-    keep_N_L = torch.stack(keeps).to(logp_N_L_V.device)
-    # Each scored position is kept by exactly one input, so a masked sum puts it in place.
-    owner_N = torch.tensor(owners, device=logp_N_L_V.device)
-    logp_B_L_V = torch.zeros((B, L, V), device=logp_N_L_V.device).index_add(
-        0, owner_N, logp_N_L_V * keep_N_L[..., None])
+    logp_B_L_V, _ = _score_inputs(inp, owners, inputs, keeps, B, L)
     return _gather(rows, logp_B_L_V, scored_B_L, inp)
+
+
+def _score_inputs(inp: EstimateInput, owners: list[int], inputs: list[torch.Tensor],
+                  keeps: list[torch.Tensor], B: int, L: int):
+    """One forward pass over N canvas inputs, input n belonging to row ``owners[n]`` and
+    scoring the positions ``keeps[n]``; each scored position is kept by exactly one input,
+    so a masked sum puts it in place. Returns ``(logp_B_L_V, scored_B_L)``."""
+    logp_N_L_V = canvas_logp(inp.model, [inp.rows[i]["prompt_ids"] for i in owners],
+                             torch.stack(inputs), inp.pad_id, inp.temperature)
+    device = logp_N_L_V.device
+    keep_N_L = torch.stack(keeps)
+    owner_N = torch.tensor(owners)
+    logp_B_L_V = torch.zeros((B, L, logp_N_L_V.shape[-1]), device=device).index_add(
+        0, owner_N.to(device), logp_N_L_V * keep_N_L.to(device)[..., None])
+    scored_B_L = torch.zeros((B, L), dtype=torch.long).index_add(
+        0, owner_N, keep_N_L.long()).bool()
+    return logp_B_L_V, scored_B_L
 
 
 @_register("mean_field", per_view=True)
@@ -255,14 +265,7 @@ def trace(inp: EstimateInput) -> Estimate:
             keeps.append(targets_L)
             inputs.append(torch.where(masked_L, torch.full_like(canvas_B_L[i], inp.mask_id),
                                       canvas_B_L[i]))
-    logp_N_L_V = canvas_logp(inp.model, [rows[i]["prompt_ids"] for i in owners],
-                             torch.stack(inputs), inp.pad_id, inp.temperature)
-    keep_N_L = torch.stack(keeps).to(logp_N_L_V.device)
-    owner_N = torch.tensor(owners, device=logp_N_L_V.device)
-    logp_B_L_V = torch.zeros((B, L, logp_N_L_V.shape[-1]), device=logp_N_L_V.device).index_add(
-        0, owner_N, logp_N_L_V * keep_N_L[..., None])
-    scored_B_L = torch.zeros((B, L), dtype=torch.long).index_add(
-        0, torch.tensor(owners), torch.stack(keeps).long()).bool()
+    logp_B_L_V, scored_B_L = _score_inputs(inp, owners, inputs, keeps, B, L)
     return _gather(rows, logp_B_L_V, scored_B_L, inp)
 
 
