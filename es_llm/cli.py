@@ -28,9 +28,10 @@ def _add_common(p: argparse.ArgumentParser, out_required: bool) -> None:
     p.add_argument("overrides", nargs="*", metavar="key=value", help=OVERRIDES_HELP)
 
 
-def _add_sampling_flags(p: argparse.ArgumentParser) -> None:
+def _add_sampling_flags(p: argparse.ArgumentParser, reference: bool = False) -> None:
     """What and how `eval` and `compare` sample (the fields of EvalConfig)."""
-    p.add_argument("--task", help="task name: countdown, arithmetic or math")
+    p.add_argument("--task", help="task name: countdown, arithmetic, math, humaneval, pyfunc "
+                                  "or chess (code tasks need bubblewrap, see README)")
     p.add_argument("--data", help="local JSONL/JSON/parquet file of problems for the task "
                                   "(default: a testbed model's own held-out set)")
     p.add_argument("--limit", type=int, help="use only the first LIMIT problems")
@@ -39,8 +40,14 @@ def _add_sampling_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-p", type=float, help="nucleus sampling threshold (default 1.0)")
     p.add_argument("--max-tokens", type=int, help="longest completion in tokens (default 64)")
     p.add_argument("--seed", type=int, help="sampling seed (default 0)")
-    p.add_argument("--backend", choices=["auto", "hf", "vllm"],
-                   help="generation backend; auto = vLLM when installed (default auto)")
+    if reference:
+        p.add_argument("--backend", choices=["auto", "hf", "vllm", "reference"],
+                       help="generation backend; auto = vLLM when installed (default auto); "
+                            "reference = no model, every problem answered with its own "
+                            "reference solution (checks the task's verifier)")
+    else:
+        p.add_argument("--backend", choices=["auto", "hf", "vllm"],
+                       help="generation backend; auto = vLLM when installed (default auto)")
 
 
 def build_parser(plugins: dict | None = None) -> argparse.ArgumentParser:
@@ -62,10 +69,14 @@ def build_parser(plugins: dict | None = None) -> argparse.ArgumentParser:
             teachers under teachers/: strong (larger, trained longer) and weak_base /
             weak_rl (a smaller model before and after a short REINFORCE run), all with the
             student's tokenizer (teachers.enabled=false skips them; teachers.* sets their
-            shapes and schedules); and a masked-diffusion LM under diffusion/ (a ModernBERT
-            encoder trained with LLaDA's objective on the same mix and tokenizer, with its
-            sampler settings; diffusion.enabled=false skips it, diffusion.* configures it). Builds are cached by a hash of the config and builder
-            code under $ES_LLM_CACHE (default ~/.cache/es-llm), each teacher on its own key,
+            shapes and schedules). Off unless enabled: a masked-diffusion LM under
+            diffusion/ (a BERT encoder trained on masked tokens of the same mix, with its
+            sampler settings; diffusion.enabled=true), and domain models of the student's
+            family with their own held-out sets: code/ learns the pyfunc task
+            (code.enabled=true; scoring needs bubblewrap) and chess/ the chess task
+            (chess.enabled=true; needs the Syzygy tables that scripts/setup.sh installs).
+            Builds are cached by a hash of the config and builder code under $ES_LLM_CACHE
+            (default ~/.cache/es-llm), each part on its own key,
             and copied to --out."""),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     tb.add_argument("--size", choices=["ci", "default"], default="default",
@@ -84,8 +95,9 @@ def build_parser(plugins: dict | None = None) -> argparse.ArgumentParser:
             masked-diffusion model (a folder with diffusion_sampling.json, such as the
             testbed's diffusion/) decodes with the sampler saved beside it."""),
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    ev.add_argument("--model", help="Hugging Face model folder (e.g. from `es-llm testbed`)")
-    _add_sampling_flags(ev)
+    ev.add_argument("--model", help="Hugging Face model folder (e.g. from `es-llm testbed`; "
+                                    "not needed with --backend reference)")
+    _add_sampling_flags(ev, reference=True)
     _add_common(ev, out_required=True)
 
     es = sub.add_parser(

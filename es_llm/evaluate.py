@@ -46,7 +46,8 @@ class EvalConfig:
     model: str = ""
     task: TaskConfig = field(default_factory=TaskConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    # Generation backend: auto (vLLM when installed), hf or vllm.
+    # Generation backend: auto (vLLM when installed), hf or vllm; or reference (no model:
+    # every problem answered with its own reference solution, a check of the verifier).
     backend: str = "auto"
     # Bootstrap resamples over problems for the 95% confidence intervals.
     bootstrap: int = 1000
@@ -54,9 +55,9 @@ class EvalConfig:
     metrics_seed: int = 0
 
     def __post_init__(self):
-        if self.backend not in BACKEND_NAMES:
+        if self.backend not in (*BACKEND_NAMES, "reference"):
             raise BadInput(f"unknown backend {self.backend!r}; valid choices are: "
-                           f"{', '.join(BACKEND_NAMES)}.")
+                           f"{', '.join(BACKEND_NAMES)}, reference.")
         if self.bootstrap < 10:
             raise BadInput(f"bootstrap must be at least 10 resamples, got {self.bootstrap}.")
 
@@ -141,7 +142,9 @@ def metrics_from_rows(rows: list[dict], n: int, bootstrap: int = 1000, seed: int
 
 def evaluate(cfg: EvalConfig, out: str | Path, progress: bool = True, echo=print) -> dict:
     """Run ``es-llm eval``: validate everything first, then sample, score and write."""
-    check_model_path(cfg.model)
+    reference = cfg.backend == "reference"
+    if not reference or cfg.model:
+        check_model_path(cfg.model)
     cfg = resolve_task_config(cfg)
     task = build_task(cfg.task)
     try:
@@ -153,9 +156,13 @@ def evaluate(cfg: EvalConfig, out: str | Path, progress: bool = True, echo=print
         if out.exists() and not out.is_dir():
             raise BadInput(f"output path {str(out)!r} exists and is not a directory.")
         t0 = time.perf_counter()
-        backend = make_backend(cfg.backend, cfg.model, seed=cfg.sampling.seed)
+        if reference:
+            from es_llm.backends.reference import ReferenceBackend
+            backend = ReferenceBackend(problems, cfg.task.name)
+        else:
+            backend = make_backend(cfg.backend, cfg.model, seed=cfg.sampling.seed)
         t_load = time.perf_counter() - t0
-        echo(f"evaluating {cfg.model} on {len(problems)} {cfg.task.name} problems, "
+        echo(f"evaluating {cfg.model or 'the reference solutions'} on {len(problems)} {cfg.task.name} problems, "
              f"n={cfg.sampling.n}, T={cfg.sampling.temperature}, backend={backend.name}")
         t0 = time.perf_counter()
         rows = sample_and_score(backend, task, problems, cfg.sampling.params(), progress)

@@ -10,6 +10,20 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${ES_LLM_VENV:-.venv}
 PY=${PYTHON:-python3}
+# Code tasks run model-written programs under bubblewrap; install it where we can.
+if ! command -v bwrap >/dev/null 2>&1; then
+    if command -v apt-get >/dev/null 2>&1; then
+        SUDO=()
+        if [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null 2>&1; then SUDO=(sudo); fi
+        echo "[setup] installing bubblewrap (the sandbox of the code tasks)"
+        "${SUDO[@]}" apt-get update -qq
+        "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+            --no-install-recommends bubblewrap
+    else
+        echo "[setup] WARNING: bubblewrap (bwrap) is missing and apt-get is not available;" \
+             "code tasks will refuse to run until it is installed" >&2
+    fi
+fi
 stamp="$VENV/.es-llm-setup-$(cat setup.cfg scripts/setup.sh | sha256sum | cut -c1-16)"
 if [ -f "$stamp" ]; then
     echo "[setup] environment $VENV is up to date"
@@ -33,6 +47,8 @@ import torch, transformers, mpi4py, math_verify, datasets, evotorch  # noqa: F40
 import transformers.models.qwen2.modeling_qwen2  # noqa: F401  (fails if torchvision is broken)
 print(f"[setup] torch {torch.__version__}, transformers {transformers.__version__}")
 PY
+# The chess task's 3-4-piece Syzygy tables ship only in python-chess's source distribution.
+"$VENV/bin/python" -m es_llm.tasks.chess_tables
 rm -f "$VENV"/.es-llm-setup-*
 touch "$stamp"
 echo "[setup] done: $VENV"

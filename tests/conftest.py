@@ -60,3 +60,15 @@ def hf_engine(ci_testbed):
     from es_llm.backends.hf import HFBackend
 
     return HFBackend(str(ci_testbed))
+
+
+@pytest.fixture(scope="session")
+def ci_domains() -> Path:
+    """The ci testbed with its code (pyfunc) and chess domain models, built once."""
+    from es_llm.testbed.build import build_testbed
+    from es_llm.testbed.config import load_testbed_config
+
+    path, _ = build_testbed(load_testbed_config("ci", overrides=["code.enabled=true",
+                                                                 "chess.enabled=true"]),
+                            progress=False, echo=lambda *_: None)
+    return path

@@ -30,7 +30,7 @@ class TaskConfig:
     ``reward = format_weight * format_ok + (1 - format_weight) * correct``.
     """
 
-    # Registered task name: countdown, arithmetic or math.
+    # Registered task name: countdown, arithmetic, math, humaneval, pyfunc or chess.
     name: str = "countdown"
     # A local .jsonl / .json / .parquet file of problems; None = the task's generator.
     data: str | None = None
@@ -47,6 +47,11 @@ class TaskConfig:
     timeout_s: float = 5.0
     # Share of the reward given for a well-formed answer, in [0, 1).
     format_weight: float = 0.0
+    # Code tasks: programs judged at once in the sandbox pool (0 = twice the CPU count).
+    workers: int = 0
+    # Code tasks: run model-written programs WITHOUT the bubblewrap sandbox (limits only).
+    # Only for trusted code on machines where bubblewrap cannot run.
+    unsafe_no_sandbox: bool = False
 
     def __post_init__(self):
         # YAML gives lists and callers may pass Paths; store the hashable, printable forms.
@@ -78,6 +83,12 @@ class TaskConfig:
         if not (_is_number(self.timeout_s) and 0 < self.timeout_s < math.inf):
             raise BadInput(f"task.timeout_s must be a positive number of seconds, got "
                            f"{self.timeout_s!r}.")
+        if not (_is_int(self.workers) and 0 <= self.workers <= 64):
+            raise BadInput(f"task.workers must be an integer from 0 (twice the CPU count) to "
+                           f"64, got {self.workers!r}.")
+        if not isinstance(self.unsafe_no_sandbox, bool):
+            raise BadInput(f"task.unsafe_no_sandbox must be true or false, got "
+                           f"{self.unsafe_no_sandbox!r}.")
         if not (_is_number(self.format_weight) and 0 <= self.format_weight < 1):
             raise BadInput(f"task.format_weight must lie in [0, 1) (0 = reward correctness "
                            f"only), got {self.format_weight!r}.")

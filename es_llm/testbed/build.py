@@ -18,7 +18,7 @@ from es_llm.backends.base import SamplingParams
 from es_llm.config import dump_yaml, to_dict
 from es_llm.errors import BadInput
 from es_llm.io import replace_dir_atomic, write_json_atomic, write_jsonl_atomic, write_text_atomic
-from es_llm.testbed.config import TestbedConfig
+from es_llm.testbed.config import DOMAINS, TestbedConfig
 from es_llm.testbed.teachers import build_weak_pair, save_model
 from es_llm.testbed.tokenizer import build_tokenizer
 from es_llm.testbed.train import held_out_sets, make_model, record, train
@@ -34,22 +34,22 @@ def _count_params(model) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def _countdown_task(folder: Path, split: str):
+def _countdown_task(folder: Path, split: str, name: str = "countdown"):
     from es_llm.tasks import TaskConfig, build_task
-    data = folder / "data" / f"countdown_{split}.jsonl"
-    return build_task(TaskConfig(name="countdown", data=str(data)))
+    data = folder / "data" / f"{name}_{split}.jsonl"
+    return build_task(TaskConfig(name=name, data=str(data)))
 
 
 def _report(model_dir: Path, data_dir: Path, cfg: TestbedConfig, progress: bool,
-            samples: int | None = None, backend=None) -> dict:
-    """pass@k of a fresh model on the held-out Countdown set (transformers backend, or the
-    one given)."""
+            samples: int | None = None, backend=None, task_name: str = "countdown") -> dict:
+    """pass@k of a fresh model on a held-out set (Countdown unless ``task_name`` says which),
+    with the transformers backend or the one given."""
     from es_llm.backends.hf import HFBackend
     from es_llm.evaluate import metrics_from_rows, sample_and_score
 
     r = cfg.report
     n = samples or r.samples
-    task = _countdown_task(data_dir, "eval")
+    task = _countdown_task(data_dir, "eval", task_name)
     try:
         params = SamplingParams(n=n, temperature=r.temperature, max_tokens=r.max_tokens,
                                 seed=cfg.seed)
@@ -163,6 +163,21 @@ def _diffusion_into(tmp: Path, student: Path, cfg: TestbedConfig, progress: bool
     write_json_atomic(tmp / "testbed.json", info)
 
 
+def _domain_into(tmp: Path, name: str, cfg: TestbedConfig, progress: bool) -> None:
+    """A domain model (``domains.py``), its held-out sets and its pass@k on them."""
+    from es_llm.testbed.domains import build_domain
+
+    t0 = time.perf_counter()
+    tokenizer = build_tokenizer()
+    model, stats = build_domain(name, cfg, tokenizer, tmp, progress)
+    save_model(model, tokenizer, tmp)
+    build_s = round(time.perf_counter() - t0, 1)
+    report = _report(tmp, tmp, cfg, progress, task_name=DOMAINS[name])
+    info = {name: {"task": DOMAINS[name], "train": stats, "parameters": _count_params(model),
+                   "build_s": build_s, "report": report}}
+    write_json_atomic(tmp / "testbed.json", info)
+
+
 def _with_extras(student: Path, cfg: TestbedConfig, progress: bool, echo) -> Path:
     """The student plus what the config enables, each part built once under its own cache
     key: ``teachers/strong``, ``teachers/weak_base``, ``teachers/weak_rl`` and
@@ -186,6 +201,11 @@ def _with_extras(student: Path, cfg: TestbedConfig, progress: bool, echo) -> Pat
                                          "masked-diffusion model 'diffusion'",
                                          lambda tmp: _diffusion_into(tmp, student, cfg, progress),
                                          echo)
+        for name, task in DOMAINS.items():
+            if getattr(cfg, name).enabled:
+                parts[name] = _cached(
+                    cache_root() / cfg.domain_key(name), f"domain model '{name}' ({task})",
+                    lambda tmp, name=name: _domain_into(tmp, name, cfg, progress), echo)
     finally:
         torch.set_num_threads(threads)
     if not parts:
@@ -209,6 +229,12 @@ def _with_extras(student: Path, cfg: TestbedConfig, progress: bool, echo) -> Pat
             shutil.copytree(student / "data", tmp / "diffusion" / "data")
             info["diffusion"] = json.loads((parts["diffusion"] / "testbed.json").read_text())["diffusion"]
             info["diffusion"]["path"] = "diffusion"
+        for name in DOMAINS:
+            if name in parts:
+                shutil.copytree(parts[name], tmp / name,
+                                ignore=shutil.ignore_patterns("testbed.json"))
+                info[name] = json.loads((parts[name] / "testbed.json").read_text())[name]
+                info[name]["path"] = name
         write_json_atomic(tmp / "testbed.json", info)
 
     key = f"{cfg.size}-{cfg.fingerprint()}-with-" + "-".join(p.name[-12:] for p in parts.values())
@@ -288,4 +314,10 @@ def describe(path: Path, info: dict) -> str:
             lines.append(f"  teacher {name:9s} {t['path']}  width {t['hidden_size']} x "
                          f"{t['num_layers']} layers  pass@1 {tr['pass@1']:.3f} "
                          f"(n={tr['samples']})")
+    for name in DOMAINS:
+        if name in info:
+            d, dr = info[name], info[name]["report"]
+            top = f"pass@{dr['samples']}"
+            lines.append(f"  domain {name:6s} {d['path']}  task {d['task']}  pass@1 "
+                         f"{dr['pass@1']:.3f}  {top} {dr[top]:.3f}")
     return "\n".join(lines)

@@ -16,6 +16,8 @@ from es_llm.diffusion.sampler import DiffusionSampling
 from es_llm.errors import BadInput
 
 SIZES = ("ci", "default")
+# Domain model sections of the config and the task each one learns.
+DOMAINS = {"code": "pyfunc", "chess": "chess"}
 
 
 @dataclass(frozen=True)
@@ -157,6 +159,40 @@ class DiffusionLM:
 
 
 @dataclass(frozen=True)
+class DomainLM:
+    # Build a causal LM of the student's family pretrained on one more task domain, beside
+    # the student (under code/ for pyfunc, chess/ for chess), with its own held-out sets.
+    enabled: bool = False
+    model: ModelShape = field(default_factory=ModelShape)
+    train: TrainSchedule = field(default_factory=lambda: TrainSchedule(steps=1500))
+    # The task's tiers to learn (empty = all) and each one's share of training examples
+    # (empty = equal shares).
+    tiers: tuple[int, ...] = ()
+    weights: tuple[float, ...] = ()
+    # Held-out problems per tier: `eval` for evaluation, `rl` for post-training prompts.
+    eval_per_tier: int = 100
+    rl_per_tier: int = 100
+    # Train on a pool of this many generated examples per tier, drawn once (0 = a fresh
+    # example every time): for tasks whose generator is too slow to feed training directly.
+    pool_per_tier: int = 0
+
+    def __post_init__(self):
+        if isinstance(self.tiers, list):
+            object.__setattr__(self, "tiers", tuple(self.tiers))
+        if isinstance(self.weights, list):
+            object.__setattr__(self, "weights", tuple(self.weights))
+        if self.weights and len(self.weights) != len(self.tiers):
+            raise BadInput(f"a domain's weights must be empty or one per tier, got "
+                           f"{len(self.weights)} weights for tiers {list(self.tiers)}.")
+        if any(not w >= 0 for w in self.weights) or (self.weights and not sum(self.weights) > 0):
+            raise BadInput(f"a domain's weights must be non-negative with a positive sum, got "
+                           f"{list(self.weights)}.")
+        for name in ("eval_per_tier", "rl_per_tier", "pool_per_tier"):
+            if getattr(self, name) < 0:
+                raise BadInput(f"a domain's {name} must be >= 0, got {getattr(self, name)}.")
+
+
+@dataclass(frozen=True)
 class ReportEval:
     # The build ends with a quick evaluation on the held-out countdown set.
     samples: int = 16
@@ -174,6 +210,9 @@ class TestbedConfig:
     report: ReportEval = field(default_factory=ReportEval)
     teachers: Teachers = field(default_factory=Teachers)
     diffusion: DiffusionLM = field(default_factory=DiffusionLM)
+    # Domain models: pyfunc (code/) and chess (chess/).
+    code: DomainLM = field(default_factory=DomainLM)
+    chess: DomainLM = field(default_factory=DomainLM)
 
     def fingerprint(self) -> str:
         """A hash of everything that changes the built model: the config (less the report
@@ -182,7 +221,8 @@ class TestbedConfig:
         d = to_dict(self)
         d.pop("report")
         d.pop("teachers")
-        d.pop("diffusion")
+        for part in ("diffusion", *DOMAINS):
+            d.pop(part)
         h = hashlib.sha256(json.dumps(d, sort_keys=True).encode())
         for source in _builder_sources():
             h.update(source.read_bytes())
@@ -210,6 +250,16 @@ class TestbedConfig:
         for source in (pkg / "testbed" / "diffusion.py", pkg / "diffusion" / "sampler.py"):
             h.update(source.read_bytes())
         return f"{self.size}-{self.fingerprint()}-diffusion-{h.hexdigest()[:12]}"
+
+
+    def domain_key(self, name: str) -> str:
+        """Cache key of a domain model: its config, its task's module and the domain builder
+        on top of the student's fingerprint (whose sources include the training loop)."""
+        h = hashlib.sha256(json.dumps(to_dict(getattr(self, name)), sort_keys=True).encode())
+        pkg = Path(__file__).resolve().parents[1]
+        for source in (pkg / "testbed" / "domains.py", pkg / "tasks" / f"{DOMAINS[name]}.py"):
+            h.update(source.read_bytes())
+        return f"{self.size}-{self.fingerprint()}-{name}-{h.hexdigest()[:12]}"
 
 
 def _builder_sources() -> list[Path]:

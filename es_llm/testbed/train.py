@@ -151,9 +151,15 @@ def _batch(examples: list[tuple[str, str]], tokenizer) -> tuple[torch.Tensor, to
     return ids, lab
 
 
-def train(model, tokenizer, cfg: TestbedConfig, excluded: set, progress: bool = True) -> dict:
-    """Next-token pretraining on completions with AdamW and a cosine schedule."""
+def train(model, tokenizer, cfg: TestbedConfig, excluded: set, progress: bool = True,
+          draw=None) -> dict:
+    """Next-token pretraining on completions with AdamW and a cosine schedule.
+
+    ``draw(rng)`` gives one (prompt, completion) example; the default is the student's mix
+    (``training_example``). Domain models pass their own.
+    """
     t = cfg.train
+    draw = draw or (lambda r: training_example(r, cfg, excluded))
     rng = random.Random(f"{cfg.seed}:train")
     opt = torch.optim.AdamW(model.parameters(), lr=t.lr, weight_decay=t.weight_decay,
                             betas=(0.9, 0.98))
@@ -168,8 +174,7 @@ def train(model, tokenizer, cfg: TestbedConfig, excluded: set, progress: bool = 
     losses = []
     bar = tqdm(range(t.steps), desc="pretrain", unit="step", disable=not progress)
     for step in bar:
-        ids, labels = _batch([training_example(rng, cfg, excluded) for _ in range(t.batch_size)],
-                             tokenizer)
+        ids, labels = _batch([draw(rng) for _ in range(t.batch_size)], tokenizer)
         for group in opt.param_groups:
             group["lr"] = lr_at(step)
         loss = model(input_ids=ids, attention_mask=(ids != tokenizer.pad_token_id).long(),
