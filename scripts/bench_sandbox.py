@@ -52,11 +52,12 @@ def main(argv=None) -> dict:
     ap.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     args = ap.parse_args(argv)
 
-    workloads = {"pyfunc": _jobs("pyfunc", args.programs), "humaneval": _jobs("humaneval", 164)}
     limits = SandboxLimits(timeout_s=10)
     results = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the unsafe baseline warns on purpose
+        workloads = {"pyfunc": _jobs("pyfunc", args.programs),
+                     "humaneval": _jobs("humaneval", 164)}
         for workers in args.workers:
             runners = {"bwrap": CodeRunner(limits, workers, "bwrap"),
                        "none": CodeRunner(limits, workers, "none")}
