@@ -81,7 +81,7 @@ def test_eval_on_a_data_file_with_the_arithmetic_task(ci_testbed, tmp_path):
 @pytest.mark.parametrize("extra, message", [
     (["sampling.nn=3"], "unknown config key 'sampling.nn'"),
     (["sampling.n=many"], "'sampling.n' must be an integer"),
-    (["--task", "chess"], "task.name 'chess' is not a registered task"),
+    (["--task", "go"], "task.name 'go' is not a registered task"),
     (["backend=tpu"], "unknown backend 'tpu'"),
 ])
 def test_bad_input_exits_2_with_one_paragraph(ci_testbed, tmp_path, capsys, extra, message):

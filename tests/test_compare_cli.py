@@ -109,7 +109,7 @@ def test_bad_input_is_a_one_paragraph_error_with_status_2(report, tmp_path, caps
         (["--models", f"base={root / 'evals' / 'base'}", f"es={tmp_path / 'nothing'}"],
          "is not a model folder"),
         (["--models", f"es={root / 'evals' / 'es@0'}"], "reference 'base' is none of the models"),
-        (["--models", f"base={ci_testbed}", "--task", "chess"], "not a registered task"),
+        (["--models", f"base={ci_testbed}", "--task", "go"], "not a registered task"),
     ]
     broken = tmp_path / "broken"
     shutil.copytree(ci_testbed, broken)
