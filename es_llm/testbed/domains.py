@@ -13,6 +13,7 @@ domain's name.
 
 from __future__ import annotations
 
+import importlib
 import multiprocessing
 import os
 import random
@@ -30,23 +31,18 @@ from es_llm.testbed.train import _distinct, _problem_key, _renumber, make_model,
 _CHUNK = 500
 
 
+def _task_module(task: str):
+    """The module of a domain's task: it provides ``generate(rng, tier) -> (Problem,
+    completion)`` and its ``TIERS``."""
+    return importlib.import_module(f"es_llm.tasks.{task}")
+
+
 def _generator(task: str) -> Callable:
-    """``generate(rng, tier) -> (Problem, completion)`` of a domain's task."""
-    if task == "pyfunc":
-        from es_llm.tasks.pyfunc import generate
-    else:
-        from es_llm.tasks.chess import generate
-    return generate
+    return _task_module(task).generate
 
 
 def _tiers(task: str, domain: DomainLM) -> tuple[int, ...]:
-    if domain.tiers:
-        return domain.tiers
-    if task == "pyfunc":
-        from es_llm.tasks.pyfunc import TIERS
-    else:
-        from es_llm.tasks.chess import TIERS
-    return TIERS
+    return domain.tiers or _task_module(task).TIERS
 
 
 def held_out(name: str, cfg: TestbedConfig) -> tuple[dict[str, list], set]:
