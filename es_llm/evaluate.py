@@ -162,8 +162,9 @@ def evaluate(cfg: EvalConfig, out: str | Path, progress: bool = True, echo=print
         else:
             backend = make_backend(cfg.backend, cfg.model, seed=cfg.sampling.seed)
         t_load = time.perf_counter() - t0
-        echo(f"evaluating {cfg.model or 'the reference solutions'} on {len(problems)} {cfg.task.name} problems, "
-             f"n={cfg.sampling.n}, T={cfg.sampling.temperature}, backend={backend.name}")
+        echo(f"evaluating {cfg.model or 'the reference solutions'} on {len(problems)} "
+             f"{cfg.task.name} problems, n={cfg.sampling.n}, T={cfg.sampling.temperature}, "
+             f"backend={backend.name}")
         t0 = time.perf_counter()
         rows = sample_and_score(backend, task, problems, cfg.sampling.params(), progress)
         t_gen = time.perf_counter() - t0

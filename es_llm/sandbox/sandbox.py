@@ -215,7 +215,8 @@ def bubblewrap_problem(limits: SandboxLimits | None = None) -> str | None:
         return f"the `bwrap` command (bubblewrap) is not installed; {how}."
     limits = limits or SandboxLimits()
     try:
-        proc = subprocess.run(_bwrap_args(limits, _python("print(6 * 7)")), capture_output=True, text=True, timeout=30,
+        proc = subprocess.run(_bwrap_args(limits, _python("print(6 * 7)")),
+                              capture_output=True, text=True, timeout=30,
                               env={"PATH": "/usr/bin:/bin"})
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"bubblewrap could not start a sandbox ({exc}); {how}."

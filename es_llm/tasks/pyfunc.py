@@ -73,7 +73,8 @@ def _families(tier: int) -> list[Family]:
             ("s", "s.count('{c}')", "c", lambda s, c: s.count(c)),
             ("s", "s.replace('{c}', '{d}')", "cd", lambda s, c, d: s.replace(c, d)),
             ("s", "s[:{a}]", "a", lambda s, a: s[:a]), ("s", "s[{a}:]", "a", lambda s, a: s[a:]),
-            ("s", "len(s) * {a}", "a", lambda s, a: len(s) * a), ("s", "s + s", "", lambda s: s + s),
+            ("s", "len(s) * {a}", "a", lambda s, a: len(s) * a),
+            ("s", "s + s", "", lambda s: s + s),
             ("xs", "sorted(xs)[::-1]", "", lambda xs: sorted(xs)[::-1]),
             ("xs", "sum(xs) * {a}", "a", lambda xs, a: sum(xs) * a),
             ("xs", "max(xs) - min(xs)", "", lambda xs: max(xs) - min(xs)),
@@ -111,7 +112,8 @@ def render_prompt(arg: str, shown: list[tuple]) -> str:
 def _determined(family: Family, consts: tuple, shown_in: list, hidden_in: list,
                 rivals: list[tuple[Family, tuple]]) -> bool:
     """No rival with the same argument agrees on the shown inputs but not the hidden ones."""
-    want_shown, want_hidden = _outputs(family, consts, shown_in), _outputs(family, consts, hidden_in)
+    want_shown = _outputs(family, consts, shown_in)
+    want_hidden = _outputs(family, consts, hidden_in)
     for rival, rc in rivals:
         if rival[0] == family[0] and _outputs(rival, rc, shown_in) == want_shown \
                 and _outputs(rival, rc, hidden_in) != want_hidden:

@@ -34,7 +34,8 @@ def _count_params(model) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def _countdown_task(folder: Path, split: str, name: str = "countdown"):
+def _held_out_task(folder: Path, split: str, name: str = "countdown"):
+    """Task ``name`` on a build's held-out file ``data/<name>_<split>.jsonl``."""
     from es_llm.tasks import TaskConfig, build_task
     data = folder / "data" / f"{name}_{split}.jsonl"
     return build_task(TaskConfig(name=name, data=str(data)))
@@ -49,7 +50,7 @@ def _report(model_dir: Path, data_dir: Path, cfg: TestbedConfig, progress: bool,
 
     r = cfg.report
     n = samples or r.samples
-    task = _countdown_task(data_dir, "eval", task_name)
+    task = _held_out_task(data_dir, "eval", task_name)
     try:
         params = SamplingParams(n=n, temperature=r.temperature, max_tokens=r.max_tokens,
                                 seed=cfg.seed)
@@ -128,7 +129,7 @@ def _weak_into(tmp: Path, student: Path, cfg: TestbedConfig, progress: bool) -> 
     t0 = time.perf_counter()
     tokenizer = build_tokenizer()
     _, excluded = held_out_sets(cfg)
-    rl_task = _countdown_task(student, "rl")
+    rl_task = _held_out_task(student, "rl")
     try:
         w = cfg.teachers.weak
         info = build_weak_pair(tmp, cfg, pretrain(cfg, w.model, w.train, tokenizer, excluded,
@@ -180,8 +181,8 @@ def _domain_into(tmp: Path, name: str, cfg: TestbedConfig, progress: bool) -> No
 
 def _with_extras(student: Path, cfg: TestbedConfig, progress: bool, echo) -> Path:
     """The student plus what the config enables, each part built once under its own cache
-    key: ``teachers/strong``, ``teachers/weak_base``, ``teachers/weak_rl`` and
-    ``diffusion/`` (the masked-diffusion model)."""
+    key: ``teachers/strong``, ``teachers/weak_base``, ``teachers/weak_rl``, ``diffusion/``
+    (the masked-diffusion model), and the domain models ``code/`` and ``chess/``."""
     parts: dict[str, Path] = {}
     threads = torch.get_num_threads()
     if cfg.train.threads:
