@@ -268,6 +268,12 @@ class _Session:
         self.proc.wait()
         self._selector.close()
 
+    def _gone(self) -> str:
+        """Why the program stopped answering: it exited, or the deadline killed it."""
+        if time.monotonic() < self.deadline:
+            return "the program exited early"
+        return f"timed out after {self.limits.timeout_s:g} s"
+
     def _end(self, why: str):
         if self.ended is None:
             self.ended = why
@@ -279,8 +285,7 @@ class _Session:
             self.proc.stdin.write((json.dumps(message) + "\n").encode())
             self.proc.stdin.flush()
         except (BrokenPipeError, OSError, ValueError):
-            self._end("the program exited early" if time.monotonic() < self.deadline
-                      else f"timed out after {self.limits.timeout_s:g} s")
+            self._end(self._gone())
 
     def receive(self, nonce: str) -> dict:
         """The next reply, which must echo ``nonce``."""
@@ -298,8 +303,7 @@ class _Session:
                         self._selector.unregister(key.fileobj)
                     continue
                 if not chunk:
-                    self._end("the program exited early" if time.monotonic() < self.deadline
-                              else f"timed out after {self.limits.timeout_s:g} s")
+                    self._end(self._gone())
                 self._out += chunk
                 self._read_total += len(chunk)
                 if self._read_total > self.limits.output_kb << 10:

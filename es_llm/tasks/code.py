@@ -75,9 +75,8 @@ class Recorder:
 
 
 class CodeTaskBase(TaskBase):
-    """Scoring shared by the code tasks: subclasses give ``program`` and ``make_check``."""
-
-    name = "code"
+    """Scoring shared by the code tasks: subclasses give ``name``, ``program`` and
+    ``make_check``."""
 
     def __init__(self, cfg: TaskConfig, cache_size: int = 100_000):
         self.cfg = cfg

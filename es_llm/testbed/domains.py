@@ -67,15 +67,9 @@ def example_stream(name: str, cfg: TestbedConfig, excluded: set,
     generate, tiers = _generator(task), _tiers(task, domain)
     weights = domain.weights or (1.0,) * len(tiers)
 
-    def fresh(rng: random.Random) -> tuple[str, str]:
-        while True:
-            tier = rng.choices(tiers, weights=weights)[0]
-            problem, completion = generate(rng, tier)
-            if _problem_key(problem) not in excluded:
-                return problem.prompt, completion
-
     if not domain.pool_per_tier:
-        return fresh
+        return lambda rng: _kept_example(
+            generate, rng, lambda: rng.choices(tiers, weights=weights)[0], excluded)
     pools = _draw_pools(name, task, tiers, domain.pool_per_tier, cfg.seed, excluded, progress)
     return lambda rng: rng.choice(rng.choices(pools, weights=weights)[0])
 
@@ -84,12 +78,18 @@ def _pool_chunk(task: str, tier: int, seed: str, count: int,
                 excluded: frozenset) -> list[tuple[str, str]]:
     """``count`` training examples of one tier from their own seeded stream (one chunk of a
     pool, so the pool is the same however many processes draw it)."""
-    generate, rng, chunk = _generator(task), random.Random(seed), []
-    while len(chunk) < count:
-        problem, completion = generate(rng, tier)
+    generate, rng = _generator(task), random.Random(seed)
+    return [_kept_example(generate, rng, lambda: tier, excluded) for _ in range(count)]
+
+
+def _kept_example(generate: Callable, rng: random.Random, draw_tier: Callable[[], int],
+                  excluded) -> tuple[str, str]:
+    """The first generated (prompt, completion) whose problem is not held out; the tier is
+    drawn afresh for every try."""
+    while True:
+        problem, completion = generate(rng, draw_tier())
         if _problem_key(problem) not in excluded:
-            chunk.append((problem.prompt, completion))
-    return chunk
+            return problem.prompt, completion
 
 
 def _draw_pools(name: str, task: str, tiers: tuple[int, ...], per_tier: int, seed: int,
