@@ -1,6 +1,6 @@
 """Extra Countdown problems that a testbed model has never seen, for measuring small effects.
 
-The testbed's held-out set has 400 problems, so a paired difference of a few points sits at
+The default testbed's held-out file has 400 problems, so a paired difference of a few points sits at
 the edge of its confidence interval. Pretraining draws its examples from a seeded stream
 (``train.training_example`` under ``random.Random(f"{seed}:train")``), so the exact set of
 problems the model trained on can be rebuilt without the model: replay the stream, collect
@@ -25,7 +25,7 @@ def pretraining_keys(cfg: TestbedConfig) -> set[str]:
     rng = random.Random(f"{cfg.seed}:train")
     keys = set()
     for _ in range(cfg.train.steps * cfg.train.batch_size):
-        prompt, completion = training_example(rng, cfg, excluded)
+        prompt, _ = training_example(rng, cfg, excluded)
         keys.add(_key_of(prompt))
     return keys
 
