@@ -60,23 +60,22 @@ def test_fenced_full_function_scores(humaneval):
     assert s.correct and s.reward == 1.0
 
 
+def refuses(path, task_name: str, row: dict, match: str) -> None:
+    """A data file holding only ``row`` is refused with BadInput matching ``match``."""
+    path.write_text(json.dumps(row) + "\n")
+    task = build_task(TaskConfig(name=task_name, data=str(path)))
+    try:
+        with pytest.raises(BadInput, match=match):
+            task.problems()
+    finally:
+        task.close()
+
+
 def test_humaneval_data_file_is_checked(tmp_path):
     path = tmp_path / "he.jsonl"
-    path.write_text(json.dumps({"task_id": "x/0", "prompt": "def f():\n", "entry_point": "f",
-                                "test": "assert True\n"}) + "\n")
-    task = build_task(TaskConfig(name="humaneval", data=str(path)))
-    try:
-        with pytest.raises(BadInput, match="check\\(candidate\\)"):
-            task.problems()
-    finally:
-        task.close()
-    path.write_text(json.dumps({"task_id": "x/0", "prompt": "def f():\n"}) + "\n")
-    task = build_task(TaskConfig(name="humaneval", data=str(path)))
-    try:
-        with pytest.raises(BadInput, match="entry_point"):
-            task.problems()
-    finally:
-        task.close()
+    refuses(path, "humaneval", {"task_id": "x/0", "prompt": "def f():\n", "entry_point": "f",
+                                "test": "assert True\n"}, "check\\(candidate\\)")
+    refuses(path, "humaneval", {"task_id": "x/0", "prompt": "def f():\n"}, "entry_point")
 
 
 def test_pyfunc_generator_is_seeded_distinct_and_tiered():
@@ -159,13 +158,7 @@ def test_pyfunc_record_files_load_back_and_bad_ones_are_refused(tmp_path):
         assert all(s.correct for s in loaded.score_many([(p, p.meta["solution"]) for p in back]))
     finally:
         loaded.close()
-    path.write_text(json.dumps({"prompt": "def f(x):\n", "tests": [[1, 2]]}) + "\n")
-    bad = build_task(TaskConfig(name="pyfunc", data=str(path)))
-    try:
-        with pytest.raises(BadInput, match="args a list"):
-            bad.problems()
-    finally:
-        bad.close()
+    refuses(path, "pyfunc", {"prompt": "def f(x):\n", "tests": [[1, 2]]}, "args a list")
 
 
 def test_code_task_settings_are_validated():
