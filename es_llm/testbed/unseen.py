@@ -18,10 +18,12 @@ from es_llm.testbed.train import (_countdown_example, _distinct, _problem_key, _
                                   held_out_sets, training_example)
 
 
-def pretraining_keys(cfg: TestbedConfig) -> set[str]:
+def pretraining_keys(cfg: TestbedConfig, excluded: set[str] | None = None) -> set[str]:
     """The key of every problem the student's pretraining drew (countdown and arithmetic),
-    by replaying its data stream exactly as ``train.train`` consumes it."""
-    _, excluded = held_out_sets(cfg)
+    by replaying its data stream exactly as ``train.train`` consumes it; ``excluded`` is
+    what ``held_out_sets`` returns for ``cfg`` (computed when not given)."""
+    if excluded is None:
+        _, excluded = held_out_sets(cfg)
     rng = random.Random(f"{cfg.seed}:train")
     keys = set()
     for _ in range(cfg.train.steps * cfg.train.batch_size):
@@ -54,7 +56,7 @@ def unseen_countdown(cfg: TestbedConfig, per_tier: int, seed: int = 0,
     which may share problems with this one unless this one is excluded.
     """
     sets, held = held_out_sets(cfg)
-    taken = held | pretraining_keys(cfg) | set(exclude)
+    taken = held | pretraining_keys(cfg, held) | set(exclude)
     taken |= {_problem_key(p) for problems in sets.values() for p in problems}
     rng = random.Random(f"{cfg.seed}:unseen:{seed}")
     problems, found = [], {}
