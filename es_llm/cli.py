@@ -10,22 +10,78 @@ from __future__ import annotations
 import argparse
 import sys
 import textwrap
+import traceback
 from pathlib import Path
 
 from es_llm.errors import BadInput
+
+# What `es-llm es --resume` may override: the run's length and its checkpoint, checksum and
+# timeout cadence, none of which changes the weights it computes.
+ES_RESUME_KEYS = ("iterations", "checkpoint_every", "checksum_every", "comm_timeout_s")
 
 OVERRIDES_HELP = ("config overrides as key=value with dotted keys for nested fields, e.g. "
                   "sampling.top_p=0.95 task.limit=50; precedence: defaults < --config file < "
                   "flags < overrides")
 
 
-def _add_common(p: argparse.ArgumentParser, out_required: bool) -> None:
+def config_class(spec: str) -> type:
+    """The config dataclass named ``module:Class`` (imported only when asked for)."""
+    import importlib
+
+    module, name = spec.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+class ConfigHelp(argparse.Action):
+    """``--help-config``: print every config key of the command and exit, like --help."""
+
+    def __init__(self, option_strings, dest, config: str = "", command: str = "", note: str = "",
+                 **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+        self.config, self.command, self.note = config, command, note
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from es_llm.config_help import format_config_help
+
+        print(format_config_help(config_class(self.config), self.command, self.note))
+        parser.exit()
+
+
+def _add_common(p: argparse.ArgumentParser, out_required: bool, config: str = "",
+                note: str = "") -> None:
+    """The options every subcommand has; ``config`` names its config dataclass
+    (``module:Class``) for --help-config, ``note`` adds a line to that listing."""
     p.add_argument("--config", metavar="FILE.yaml",
                    help="YAML file with config keys (see configs/ for examples)")
-    p.add_argument("--out", metavar="DIR", required=out_required,
-                   help="output folder (created if missing; files in it are replaced atomically)")
+    # Checked by the command rather than argparse, so --print-config needs no folder.
+    p.add_argument("--out", metavar="DIR",
+                   help="output folder (created if missing; files in it are replaced "
+                        "atomically)" + ("; required" if out_required else ""))
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    p.add_argument("--verbose", action="store_true",
+                   help="show what the libraries (vLLM, transformers, torch, MPI) print; "
+                        "without it their messages go to log.txt in the output folder")
+    p.add_argument("--print-config", action="store_true",
+                   help="print the fully resolved config (defaults, --config file, flags and "
+                        "overrides) as YAML and exit without running anything")
+    p.add_argument("--help-config", action=ConfigHelp, config=config,
+                   command=p.prog.split()[-1], note=note,
+                   help="list every config key with its type, default, meaning and valid "
+                        "choices, and exit")
     p.add_argument("overrides", nargs="*", metavar="key=value", help=OVERRIDES_HELP)
+
+
+def required_out(args) -> str:
+    if not args.out:
+        raise BadInput(f"{args.command} needs --out DIR, the folder its results go to.")
+    return args.out
+
+
+def print_config(cfg) -> None:
+    """--print-config: the resolved config as YAML on standard output."""
+    from es_llm.config import dump_yaml
+
+    print(dump_yaml(cfg), end="")
 
 
 def _add_sampling_flags(p: argparse.ArgumentParser, reference: bool = False) -> None:
@@ -82,7 +138,9 @@ def build_parser(plugins: dict | None = None) -> argparse.ArgumentParser:
     tb.add_argument("--size", choices=["ci", "default"], default="default",
                     help="preset: 'ci' (tiny, about 2.5 minutes with its teachers) or 'default' "
                          "(about 7 minutes on 2 cores, plus about 20 for its teachers)")
-    _add_common(tb, out_required=False)
+    _add_common(tb, out_required=False, config="es_llm.testbed.config:TestbedConfig",
+                note="Defaults shown are the 'default' size; --size ci starts from "
+                     "es_llm/testbed/presets/ci.yaml instead.")
 
     ev = sub.add_parser(
         "eval", help="sample a model on a task and report pass@k, coverage and diversity",
@@ -98,7 +156,7 @@ def build_parser(plugins: dict | None = None) -> argparse.ArgumentParser:
     ev.add_argument("--model", help="Hugging Face model folder (e.g. from `es-llm testbed`; "
                                     "not needed with --backend reference)")
     _add_sampling_flags(ev, reference=True)
-    _add_common(ev, out_required=True)
+    _add_common(ev, out_required=True, config="es_llm.evaluate:EvalConfig")
 
     es = sub.add_parser(
         "es", help="Evolution Strategies over the model's weights (also under mpirun -n P)",
@@ -112,10 +170,11 @@ def build_parser(plugins: dict | None = None) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     es.add_argument("--model", help="base model folder (overrides the config's model)")
     es.add_argument("--resume", metavar="DIR",
-                    help="continue the run in DIR: its config.yaml is reloaded (overrides "
-                         "such as iterations=N still apply), its ledger is replayed from the "
-                         "base model to rebuild the weights exactly, and it goes on from there")
-    _add_common(es, out_required=False)
+                    help="continue the run in DIR: its config.yaml is reloaded, its ledger is "
+                         "replayed from the base model to rebuild the weights exactly, and it "
+                         "goes on from there; only " + ", ".join(ES_RESUME_KEYS)
+                         + " may be overridden (e.g. iterations=N to run longer)")
+    _add_common(es, out_required=False, config="es_llm.es.config:ESRunConfig")
     cmp = sub.add_parser(
         "compare", help="compare models on the same problems: pass@k, coverage, diversity",
         description=textwrap.dedent("""\
@@ -139,7 +198,7 @@ def build_parser(plugins: dict | None = None) -> argparse.ArgumentParser:
                      help="model or method the others are measured against (default base)")
     _add_sampling_flags(cmp)
     cmp.add_argument("--bootstrap", type=int, help="bootstrap resamples per interval (default 1000)")
-    _add_common(cmp, out_required=True)
+    _add_common(cmp, out_required=True, config="es_llm.compare.run:CompareConfig")
     for command in (plugin_commands() if plugins is None else plugins).values():
         command.add_parser(sub, _add_common)
     return parser
@@ -179,7 +238,11 @@ def run_testbed(args) -> None:
     from es_llm.testbed.config import load_testbed_config
 
     cfg = load_testbed_config(args.size, args.config, args.overrides)
+    if args.print_config:
+        return print_config(cfg)
     path, info = build_testbed(cfg, args.out, progress=not args.no_progress)
+    if args.out:
+        args.log.attach(path)
     print(describe(path, info))
 
 
@@ -189,7 +252,9 @@ def run_eval(args) -> None:
 
     cfg = load_config(EvalConfig, path=args.config, flags=_eval_flags(args),
                       overrides=args.overrides)
-    evaluate(cfg, args.out, progress=not args.no_progress)
+    if args.print_config:
+        return print_config(cfg)
+    evaluate(cfg, required_out(args), progress=not args.no_progress, on_folder=args.log.attach)
 
 
 def run_compare(args) -> None:
@@ -207,40 +272,49 @@ def run_compare(args) -> None:
         if getattr(args, key) is not None:
             flags[key] = getattr(args, key)
     cfg = load_config(CompareConfig, path=args.config, flags=flags, overrides=overrides)
-    compare(cfg, args.out, progress=not args.no_progress)
-
-
-def run_folder(args, what: str, command: str, needs: tuple[str, ...]) -> tuple[Path, object]:
-    """``(output folder, config file)`` of a training command: a new run in ``--out`` with
-    ``--config``, or the run in ``--resume DIR`` (which must hold the files ``needs``) with
-    its own resolved config.yaml."""
-    if args.resume:
-        out = Path(args.resume)
-        if not all((out / name).is_file() for name in needs):
-            raise BadInput(f"--resume {args.resume!r} is not {what} run folder (it needs the "
-                           f"{' and '.join(needs)} that `es-llm {command}` writes).")
-        if args.out and Path(args.out).resolve() != out.resolve():
-            raise BadInput("--resume continues a run in its own folder; drop --out or give "
-                           "the same folder.")
-        return out, out / "config.yaml"
-    if not args.out:
-        raise BadInput(f"{command} needs --out DIR (a new run) or --resume DIR (continue one).")
-    return Path(args.out), args.config
+    if args.print_config:
+        return print_config(cfg)
+    compare(cfg, required_out(args), progress=not args.no_progress, on_folder=args.log.attach)
 
 
 def run_es(args) -> None:
     from es_llm.comm import make_communicator
     from es_llm.config import load_config
     from es_llm.es.config import ESRunConfig
-    from es_llm.es.engine import run
-    from es_llm.es.setup import build_edges
+    from es_llm.es.engine import read_ledger
     from es_llm.evaluate import resolve_training_data
+    from es_llm.run_folder import check_extends, other_machine, training_folder
 
     flags = {"model": args.model} if args.model is not None else {}
-    out, config_path = run_folder(args, "an ES", "es", ("config.yaml", "ledger.jsonl"))
+    out, config_path = training_folder(args, "an ES", "es", ES_RESUME_KEYS, flags)
     cfg = resolve_training_data(load_config(ESRunConfig, path=config_path, flags=flags,
                                             overrides=args.overrides))
-    comm = make_communicator()
+    if args.print_config:
+        return print_config(cfg)
+    if args.resume:
+        check_extends(out, "iterations", cfg.iterations, len(read_ledger(out)))
+    comm = make_communicator(cfg.comm_timeout_s)
+    warning = other_machine(out) if args.resume and comm.rank == 0 else None
+    if warning:
+        print(warning, file=sys.stderr)
+    try:
+        _es_rank(args, cfg, comm, out)
+    except BaseException as exc:
+        if comm.size == 1:
+            raise
+        # One rank failing alone would leave the others waiting in the next exchange (and in
+        # MPI_Finalize): end the whole job with the reason.
+        bad = isinstance(exc, BadInput)
+        comm.abort(f"es-llm es: error: {exc}" if bad else
+                   f"es-llm es: rank {comm.rank} failed:\n{traceback.format_exc()}",
+                   code=2 if bad else 1)
+
+
+def _es_rank(args, cfg, comm, out: Path) -> None:
+    """One rank's part of `es-llm es`: its edges, the run folder, the loop."""
+    from es_llm.es.engine import run
+    from es_llm.es.setup import build_edges
+
     if comm.size > 1:
         # If a rank dies, mpirun ends the job and names only the dead process's PID; this
         # line maps that PID to its rank.
@@ -250,6 +324,10 @@ def run_es(args) -> None:
               f"{socket.gethostname()}", file=sys.stderr, flush=True)
     edges, problems = build_edges(cfg, comm)
     try:
+        if comm.rank == 0:
+            out.mkdir(parents=True, exist_ok=True)
+        comm.barrier()
+        args.log.attach(out, comm.rank)
         run(cfg, edges, problems, out, progress=not args.no_progress, resume=bool(args.resume))
     finally:
         edges.task.close()
@@ -265,18 +343,25 @@ def main(argv: list[str] | None = None) -> int:
     if stray:
         parser.error(f"unrecognized arguments: {' '.join(stray)}")
     args.overrides = list(args.overrides) + extra
+    from es_llm.logs import LibraryLog
+
+    args.log = LibraryLog(verbose=args.verbose or args.print_config).start()
+    status, message = 1, None
     try:
         commands = {"testbed": run_testbed, "eval": run_eval, "es": run_es,
                     "compare": run_compare}
         commands.update({name: c.run for name, c in plugins.items()})
         commands[args.command](args)
+        status = 0
     except BadInput as exc:
-        print(f"es-llm {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+        status, message = 2, f"es-llm {args.command}: error: {exc}"
     except KeyboardInterrupt:
-        print(f"es-llm {args.command}: interrupted", file=sys.stderr)
-        return 1
-    return 0
+        message = f"es-llm {args.command}: interrupted"
+    finally:
+        args.log.finish(status)
+    if message:
+        print(message, file=sys.stderr)
+    return status
 
 
 if __name__ == "__main__":

@@ -1,25 +1,77 @@
 """Configs as nested frozen dataclasses, loaded from YAML with ``key=value`` overrides.
 
 Every experiment is a YAML file whose keys mirror a dataclass tree. Loading is strict:
-an unknown key, a value of the wrong type or a failed ``__post_init__`` check raises
-``BadInput`` with a message that names the key and the valid choices, so the CLI can exit
-with status 2 before anything is written.
+an unknown key, a value of the wrong type (a float setting must also be finite) or a failed
+``__post_init__`` check raises ``BadInput`` with a message that names the key and the valid
+choices, so the CLI can exit with status 2 before anything is written. YAML aliases
+(``*name``) are refused: expanded before validation, a few lines of them can stand for
+millions of nodes.
+
+A run folder's ``config.yaml`` also carries a top-level ``machine`` section (the CPU, torch
+build and accelerator it ran on, see ``es_llm.machine``): provenance, not a setting, so
+loading a config file drops it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import types
 import typing
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Callable, Iterable, TypeVar
 
 import yaml
 
 from es_llm.errors import BadInput
 
 C = TypeVar("C")
+
+# The top-level key of a run's config.yaml that records the machine (not a setting).
+MACHINE_KEY = "machine"
+
+
+class AliasRefused(yaml.YAMLError):
+    """A YAML alias (``*name``) in a config: refused rather than expanded."""
+
+
+class _NoAliasLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing aliases before it composes them."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            mark = self.peek_event().start_mark
+            raise AliasRefused(f"a YAML alias at line {mark.line + 1}, column {mark.column + 1}")
+        return super().compose_node(parent, index)
+
+
+def load_yaml_text(text: str) -> Any:
+    """``yaml.safe_load`` without aliases (``AliasRefused``, a ``yaml.YAMLError``)."""
+    return yaml.load(text, Loader=_NoAliasLoader)  # noqa: S506 - a SafeLoader subclass
+
+
+def choice(default: str, names: Callable[[], Iterable[str]]):
+    """A string field whose value must be one of ``names()`` (a registry's names, read when
+    checked): validated by ``check_choices``, listed by ``--help-config``."""
+    return dataclasses.field(default=default, metadata={"choices": names})
+
+
+def field_choices(f: dataclasses.Field) -> list[str] | None:
+    """The valid values of a ``choice`` field, None for any other field."""
+    names = f.metadata.get("choices")
+    return None if names is None else list(names())
+
+
+def check_choices(obj: Any, prefix: str = "") -> None:
+    """``BadInput`` naming the field and its valid values when a ``choice`` field of the
+    dataclass instance ``obj`` holds anything else; ``prefix`` is its dotted config path."""
+    for f in dataclasses.fields(obj):
+        valid = field_choices(f)
+        value = getattr(obj, f.name)
+        if valid is not None and value not in valid:
+            raise BadInput(f"unknown {prefix}{f.name} {value!r}; valid choices are: "
+                           f"{', '.join(valid)}.")
 
 
 def _type_name(tp: Any) -> str:
@@ -65,6 +117,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             return float(value)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise BadInput(f"config key '{key}' must be a number, got {value!r}.")
+        if not math.isfinite(value):
+            raise BadInput(f"config key '{key}' must be a finite number, got {value!r}.")
         return float(value)
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
@@ -122,7 +176,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if not key or any(not part for part in key.split(".")):
         raise BadInput(f"override {text!r} has an empty key.")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = load_yaml_text(raw) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
     return key.split("."), value
@@ -155,7 +209,15 @@ def read_yaml(path: str | Path) -> dict:
     if not path.is_file():
         raise BadInput(f"config file {str(path)!r} does not exist (or is not a file).")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = load_yaml_text(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise BadInput(f"config file {str(path)!r} is not UTF-8 text (byte {exc.start} cannot "
+                       f"be decoded); save it as UTF-8.") from None
+    except OSError as exc:
+        raise BadInput(f"config file {str(path)!r} could not be read: {exc.strerror}.") from None
+    except AliasRefused as exc:
+        raise BadInput(f"config file {str(path)!r} uses {exc}; es-llm configs do not expand "
+                       f"aliases, so write the values out.") from None
     except yaml.YAMLError as exc:
         raise BadInput(f"config file {str(path)!r} is not valid YAML: {exc}".replace("\n", " "))
     if data is None:
@@ -173,7 +235,7 @@ def load_config(cls: type[C], base: dict | None = None, path: str | Path | None 
     command-line options) and the ``key=value`` overrides."""
     data = _deep_copy(base or {})
     if path is not None:
-        data = _merge(data, read_yaml(path))
+        data = _merge(data, {k: v for k, v in read_yaml(path).items() if k != MACHINE_KEY})
     data = _merge(data, flags or {})
     data = apply_overrides(data, overrides or [])
     return from_dict(cls, data)
@@ -188,3 +250,10 @@ def _merge(a: dict, b: dict) -> dict:
 
 def dump_yaml(cfg: Any) -> str:
     return yaml.safe_dump(to_dict(cfg), sort_keys=False)
+
+
+def run_config_yaml(cfg: Any) -> str:
+    """A run folder's config.yaml: the resolved config, then the ``machine`` it ran on."""
+    from es_llm.machine import machine_info
+
+    return yaml.safe_dump({**to_dict(cfg), MACHINE_KEY: machine_info()}, sort_keys=False)

@@ -14,10 +14,11 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from es_llm.backends import BACKEND_NAMES, SamplingParams, make_backend
-from es_llm.config import dump_yaml
+from es_llm.config import check_choices, choice, run_config_yaml
 from es_llm.errors import BadInput
 from es_llm.io import write_json_atomic, write_jsonl_atomic, write_text_atomic
 from es_llm.metrics.summary import evaluation_metrics, format_table
+from es_llm.run_folder import check_out_path
 from es_llm.tasks import Problem, TaskConfig, build_task
 
 
@@ -27,7 +28,9 @@ class SamplingConfig:
     n: int = 64
     # 0 = greedy. The same settings must be used for every model being compared.
     temperature: float = 1.0
+    # Nucleus sampling: keep the smallest set of tokens whose probability reaches top_p.
     top_p: float = 1.0
+    # Longest completion in tokens.
     max_tokens: int = 64
     # Seed of the sampler (same seed, same backend, same samples).
     seed: int = 0
@@ -48,28 +51,51 @@ class EvalConfig:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     # Generation backend: auto (vLLM when installed), hf or vllm; or reference (no model:
     # every problem answered with its own reference solution, a check of the verifier).
-    backend: str = "auto"
+    backend: str = choice("auto", lambda: (*BACKEND_NAMES, "reference"))
     # Bootstrap resamples over problems for the 95% confidence intervals.
     bootstrap: int = 1000
     # Seed for the metric estimators' own randomness (bootstrap, maj@k subsets).
     metrics_seed: int = 0
 
     def __post_init__(self):
-        if self.backend not in (*BACKEND_NAMES, "reference"):
-            raise BadInput(f"unknown backend {self.backend!r}; valid choices are: "
-                           f"{', '.join(BACKEND_NAMES)}, reference.")
+        check_choices(self)
         if self.bootstrap < 10:
             raise BadInput(f"bootstrap must be at least 10 resamples, got {self.bootstrap}.")
 
 
-def check_model_path(path: str) -> Path:
+def check_model_path(path: str, what: str = "model") -> Path:
+    """``path`` as a Path once it is known to load: a folder with a config.json that
+    transformers parses, tokenizer files it loads and safetensors weights whose headers are
+    whole (a truncated file fails here). Anything else is ``BadInput`` naming the folder, so
+    a command stops before it has written or sampled anything."""
+    from safetensors import safe_open
+    from transformers import AutoConfig, AutoTokenizer
+
     p = Path(path)
     if not path:
-        raise BadInput("no model given; pass --model PATH (a Hugging Face model folder, e.g. "
-                       "one built by `es-llm testbed`).")
+        raise BadInput(f"no {what} given; pass --model PATH (a Hugging Face model folder, e.g. "
+                       f"one built by `es-llm testbed`).")
     if not p.is_dir() or not (p / "config.json").is_file():
-        raise BadInput(f"model path {path!r} is not a Hugging Face model folder (expected a "
+        raise BadInput(f"{what} path {path!r} is not a Hugging Face model folder (expected a "
                        f"directory with config.json, weights and tokenizer files).")
+    step = "config.json"
+    try:
+        AutoConfig.from_pretrained(p)
+        step = "the tokenizer files"
+        AutoTokenizer.from_pretrained(p)
+        step = "the weights"
+        weights = sorted(p.glob("*.safetensors"))
+        if not weights:
+            raise OSError("the folder has no *.safetensors file")
+        for w in weights:
+            with safe_open(w, framework="pt") as f:
+                list(f.keys())
+    except Exception as exc:  # noqa: BLE001 - any load failure is a folder the user must fix
+        detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+        raise BadInput(f"{what} folder {path!r} does not load: {step} failed ({detail}). "
+                       f"Give a complete Hugging Face model folder (config.json, tokenizer "
+                       f"files and *.safetensors weights), e.g. one built by `es-llm testbed` "
+                       f"or a run's checkpoints/final.") from None
     return p
 
 
@@ -100,7 +126,8 @@ def resolve_training_data(cfg):
 def sample_and_score(backend, task, problems: list[Problem], params: SamplingParams,
                      progress: bool = True) -> list[dict]:
     """Generate ``params.n`` samples per problem and score them; one row per sample."""
-    outs = backend.generate([p.prompt for p in problems], params, progress=progress)
+    outs = backend.generate([p.prompt for p in problems], params, progress=progress,
+                            keys=[p.id for p in problems])
     pairs = [(p, c.text) for p, row in zip(problems, outs) for c in row]
     scores = []
     with tqdm(total=len(pairs), desc="score", unit="sample", disable=not progress) as bar:
@@ -140,9 +167,12 @@ def metrics_from_rows(rows: list[dict], n: int, bootstrap: int = 1000, seed: int
     )
 
 
-def evaluate(cfg: EvalConfig, out: str | Path, progress: bool = True, echo=print) -> dict:
-    """Run ``es-llm eval``: validate everything first, then sample, score and write."""
+def evaluate(cfg: EvalConfig, out: str | Path, progress: bool = True, echo=print,
+             on_folder=None) -> dict:
+    """Run ``es-llm eval``: validate everything first, then sample, score and write;
+    ``on_folder(out)`` is called once the output folder exists."""
     reference = cfg.backend == "reference"
+    out = check_out_path(out)
     if not reference or cfg.model:
         check_model_path(cfg.model)
     cfg = resolve_task_config(cfg)
@@ -152,9 +182,6 @@ def evaluate(cfg: EvalConfig, out: str | Path, progress: bool = True, echo=print
         if not problems:
             raise BadInput(f"task {cfg.task.name!r} produced no problems (data={cfg.task.data!r}, "
                            f"limit={cfg.task.limit}).")
-        out = Path(out)
-        if out.exists() and not out.is_dir():
-            raise BadInput(f"output path {str(out)!r} exists and is not a directory.")
         t0 = time.perf_counter()
         if reference:
             from es_llm.backends.reference import ReferenceBackend
@@ -176,9 +203,11 @@ def evaluate(cfg: EvalConfig, out: str | Path, progress: bool = True, echo=print
                        "samples_per_s": round(len(rows) / max(t_gen, 1e-9), 1)}
     metrics["config"] = {"model": cfg.model, "task": cfg.task.name, "data": cfg.task.data,
                          "backend": backend.name}
-    write_text_atomic(out / "config.yaml", dump_yaml(cfg))
+    write_text_atomic(out / "config.yaml", run_config_yaml(cfg))
     write_jsonl_atomic(out / "samples.jsonl", rows)
     write_json_atomic(out / "metrics.json", metrics)
+    if on_folder is not None:
+        on_folder(out)
     echo(format_table(metrics))
     echo(f"wrote {out / 'samples.jsonl'} and {out / 'metrics.json'}")
     return metrics

@@ -13,11 +13,50 @@ from typing import Iterable
 SAMPLING_FILE = "diffusion_sampling.json"
 
 
+def current_umask() -> int:
+    """The process's umask, read without changing it (``os.umask`` can only set it, which
+    would race with other threads creating files)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def shared_mode(path: str | Path, directory: bool = False) -> None:
+    """Give ``path`` the permissions a plain ``open`` or ``mkdir`` would have given it.
+    ``mkstemp`` and ``mkdtemp`` create private (0600 / 0700) entries; a result renamed into
+    place from one would stay unreadable to others on a shared machine whatever the umask."""
+    os.chmod(path, (0o777 if directory else 0o666) & ~current_umask())
+
+
+def share_tree(folder: str | Path) -> None:
+    """``shared_mode`` for ``folder`` and everything in it (libraries such as
+    ``save_pretrained`` also write their files through private temporary files)."""
+    folder = Path(folder)
+    shared_mode(folder, directory=True)
+    for path in folder.rglob("*"):
+        if not path.is_symlink():
+            shared_mode(path, directory=path.is_dir())
+
+
+def make_temp_dir(parent: str | Path, prefix: str) -> Path:
+    """A new folder under ``parent`` for staging a result, with umask permissions."""
+    tmp = Path(tempfile.mkdtemp(dir=parent, prefix=prefix))
+    shared_mode(tmp, directory=True)
+    return tmp
+
+
 def write_text_atomic(path: str | Path, text: str) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~current_umask())
         with os.fdopen(fd, "w") as f:
             f.write(text)
             f.flush()
@@ -88,4 +127,5 @@ def save_hf_checkpoint(model, tokenizer, folder: str | Path, data_from: str | Pa
         shutil.copy2(sampler, tmp / SAMPLING_FILE)
     if extra is not None:
         extra(tmp)
+    share_tree(tmp)
     replace_dir_atomic(tmp, folder)

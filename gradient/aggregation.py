@@ -147,8 +147,10 @@ def seq_mean_token_sum_norm(inp: AggregationInput) -> torch.Tensor:
     ``constant`` is the whole divisor and must not depend on the sampled lengths. For TRL's
     ``dr_grpo`` (``B * max_completion_length``) over a whole step pass
     ``constant = max_completion_length * global_seqs``: the mean over sequences of each token
-    sum divided by the generation budget. verl divides by its ``loss_scale_factor`` (default
-    the max response length) alone; pass that as ``constant`` to reproduce it.
+    sum divided by the generation budget. verl's mode is the same mean: each sequence's token
+    sum divided by its ``loss_scale_factor`` (default the max response length), averaged over
+    the sequences; pass ``constant = loss_scale_factor * global_seqs`` to reproduce it (with
+    ``loss_scale_factor`` alone the loss would be ``global_seqs`` times verl's).
     """
     if inp.constant is None:
         raise ValueError("seq-mean-token-sum-norm needs constant, the fixed divisor (e.g. "

@@ -42,6 +42,11 @@ teachers/strong, teachers/weak_base and teachers/weak_rl. Outputs as `es-llm grp
 distill/* metrics (distill/reverse_kl: the sampled-token estimate of KL(student||teacher))."""
 
 
+# What `--resume` may override: the run's length and checkpoint cadence, neither of which
+# changes what it computes.
+RESUME_KEYS = ("steps", "checkpoint_every")
+
+
 class GRPOCommand:
     def __init__(self, name: str, help: str, description: str, needs_teacher: bool):
         self.name, self.help, self.description = name, help, description
@@ -54,32 +59,46 @@ class GRPOCommand:
         p.add_argument("--resume", metavar="DIR",
                        help="continue the run in DIR from its latest checkpoint: weights, "
                             "optimizer state, step (the data position), prefix controller and "
-                            "replay buffer; its config.yaml is reloaded (overrides such as "
-                            "steps=N still apply)")
-        add_common(p, out_required=False)
+                            "replay buffer (from the start when it has none yet); its "
+                            "config.yaml is reloaded and only " + ", ".join(RESUME_KEYS)
+                            + " may be overridden (e.g. steps=N to train longer)")
+        add_common(p, out_required=False, config="gradient.config:GRPORunConfig")
 
     def run(self, args) -> None:
-        from es_llm.cli import run_folder
+        import sys
+
+        from es_llm.cli import print_config
         from es_llm.config import load_config
         from es_llm.evaluate import resolve_training_data
+        from es_llm.run_folder import check_extends, other_machine, training_folder
         from gradient.config import GRPORunConfig
-        from gradient.setup import build, latest_checkpoint
+        from gradient.setup import build, latest_checkpoint, saved_step
         from gradient.trainer import run
 
         flags = {"model": args.model} if args.model is not None else {}
-        out, config_path = run_folder(args, f"a {self.name}", self.name, ("config.yaml",))
-        checkpoint = latest_checkpoint(out) if args.resume else None
-        if args.resume and checkpoint is None:
-            raise BadInput(f"--resume {args.resume!r}: the run has no checkpoint with "
-                           f"trainer_state.pt yet; start it again with --out.")
+        out, config_path = training_folder(args, f"a {self.name}", self.name, RESUME_KEYS,
+                                           flags)
         cfg = resolve_training_data(load_config(GRPORunConfig, path=config_path, flags=flags,
                                                 overrides=args.overrides))
+        if args.print_config:
+            return print_config(cfg)
         if self.needs_teacher and cfg.algo.distill.method == "none":
             raise BadInput(f"es-llm {self.name} needs a distillation method: set "
                            f"algo.distill.method (see configs/opd_*.yaml).")
+        # A run killed before its first checkpoint starts again from the base model, which
+        # is what an uninterrupted run would have done.
+        checkpoint = latest_checkpoint(out) if args.resume else None
+        if checkpoint is not None:
+            check_extends(out, "steps", cfg.steps, saved_step(checkpoint))
+            warning = other_machine(out)
+            if warning:
+                print(warning, file=sys.stderr)
         edges, problems, state = build(cfg, checkpoint)
         try:
-            run(cfg, edges, problems, out, state, progress=not args.no_progress)
+            out.mkdir(parents=True, exist_ok=True)
+            args.log.attach(out)
+            run(cfg, edges, problems, out, state, progress=not args.no_progress,
+                command=self.name)
         finally:
             edges.task.close()
 

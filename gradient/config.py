@@ -10,15 +10,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from es_llm.config import check_choices, choice
 from es_llm.errors import BadInput
 from es_llm.tasks import TaskConfig
 from gradient.distill.config import DistillSettings
 
 
-def _choice(what: str, value: str, names) -> None:
-    names = list(names)
-    if value not in names:
-        raise BadInput(f"unknown {what} {value!r}; valid choices are: {', '.join(names)}.")
+def _registry(module: str, function: str):
+    """The names of a registry in ``module``, read when asked (the registries import the
+    config's neighbours, so not at import time)."""
+    def names():
+        import importlib
+        return getattr(importlib.import_module(module), function)()
+    return names
+
+
+def _is_modes():
+    from gradient.rollout_correction import IS_MODES
+    return IS_MODES
 
 
 def _positive(owner: str, obj, *names: str) -> None:
@@ -34,7 +43,9 @@ class RolloutSettings:
     group_size: int = 8
     # Sampling temperature of the rollouts; the trainer divides its logits by the same value.
     temperature: float = 1.0
+    # Nucleus sampling threshold of the rollouts (1 = off).
     top_p: float = 1.0
+    # Longest rollout in tokens.
     max_tokens: int = 64
 
     def __post_init__(self):
@@ -51,13 +62,12 @@ class KLSettings:
     # Weight of the KL-to-reference term in the loss; 0 loads no reference model.
     coef: float = 0.0
     # Estimator: k1, k2, k3 or k3+ (value k3, gradient of k2).
-    estimator: str = "k3"
+    estimator: str = choice("k3", _registry("gradient.kl", "kl_names"))
     # Reference model folder; empty = the base model. Its tokenizer must be the policy's.
     ref_model: str = ""
 
     def __post_init__(self):
-        from gradient.kl import kl_names
-        _choice("kl.estimator", self.estimator, kl_names())
+        check_choices(self, "algo.kl.")
         if self.coef < 0:
             raise BadInput(f"kl.coef must be >= 0, got {self.coef}.")
 
@@ -90,13 +100,12 @@ class OverlongShaping:
 class ISCorrection:
     # Trainer/engine mismatch correction: none, token_truncate, token_mask, sequence_truncate
     # or sequence_mask (TRL's default, with c_max 3).
-    mode: str = "sequence_mask"
+    mode: str = choice("sequence_mask", _is_modes)
     c_min: float = 0.0
     c_max: float = 3.0
 
     def __post_init__(self):
-        from gradient.rollout_correction import IS_MODES
-        _choice("is_correction.mode", self.mode, IS_MODES)
+        check_choices(self, "algo.is_correction.")
         if not 0 <= self.c_min < self.c_max:
             raise BadInput(f"is_correction needs 0 <= c_min < c_max, got c_min={self.c_min}, "
                            f"c_max={self.c_max}.")
@@ -134,7 +143,8 @@ class DiffusionRLSettings:
     # How a rollout's log-probability is estimated (gradient/dllm/estimators.py):
     # autoregressive (causal LMs: exact), or for masked-diffusion LMs mean_field (d1 /
     # diffu-GRPO), trace (TraceRL), quadrature (SLIM-RL), student_view (dOPSD's student).
-    estimator: str = "autoregressive"
+    estimator: str = choice("autoregressive", _registry("gradient.dllm.estimators",
+                                                        "estimator_names"))
     # mean_field: probability of masking each prompt token (d1's train.yaml: 0.15).
     p_mask_prompt: float = 0.15
     # trace: merge every `shrink` consecutive commit steps of a block into one row.
@@ -144,8 +154,7 @@ class DiffusionRLSettings:
     spread_cap: float = 0.2
 
     def __post_init__(self):
-        from gradient.dllm.estimators import estimator_names
-        _choice("algo.dllm.estimator", self.estimator, estimator_names())
+        check_choices(self, "algo.dllm.")
         if not 0 <= self.p_mask_prompt < 1:
             raise BadInput(f"algo.dllm.p_mask_prompt must lie in [0, 1), got {self.p_mask_prompt}.")
         if self.shrink < 1 or self.quadrature_points < 1:
@@ -157,12 +166,12 @@ class DiffusionRLSettings:
 @dataclass(frozen=True)
 class AlgoSettings:
     # Advantage estimator: grpo (group z-score), dr_grpo (no std) or rloo.
-    advantage: str = "grpo"
+    advantage: str = choice("grpo", _registry("gradient.advantages", "advantage_names"))
     # grpo's std: unbiased (Bessel, as TRL and verl) or population, and the eps added to it.
     unbiased_std: bool = True
     std_eps: float = 1e-6
     # Policy loss: ppo_clip (token ratio), gspo (sequence ratio) or gapo.
-    loss: str = "ppo_clip"
+    loss: str = choice("ppo_clip", _registry("gradient.losses", "loss_names"))
     # Clip range [1 - clip_low, 1 + clip_high]; clip_high > clip_low is DAPO's clip-higher.
     clip_low: float = 0.2
     clip_high: float = 0.2
@@ -172,7 +181,8 @@ class AlgoSettings:
     gapo_clip_high_max: float = 0.005
     # Loss aggregation: token-mean, seq-mean-token-mean, seq-mean-token-sum or
     # seq-mean-token-sum-norm (Dr. GRPO's constant: max_tokens per sequence).
-    aggregation: str = "token-mean"
+    aggregation: str = choice("token-mean", _registry("gradient.aggregation",
+                                                      "aggregation_names"))
     # Entropy bonus weight (0 = off; the entropy is always logged).
     entropy_coef: float = 0.0
     # Passes over each batch and mini-batches per pass (optimizer steps per batch).
@@ -188,12 +198,7 @@ class AlgoSettings:
     dllm: DiffusionRLSettings = field(default_factory=DiffusionRLSettings)
 
     def __post_init__(self):
-        from gradient.advantages import advantage_names
-        from gradient.aggregation import aggregation_names
-        from gradient.losses import loss_names
-        _choice("algo.advantage", self.advantage, advantage_names())
-        _choice("algo.loss", self.loss, loss_names())
-        _choice("algo.aggregation", self.aggregation, aggregation_names())
+        check_choices(self, "algo.")
         if not (0 <= self.clip_low < 1 and self.clip_high >= 0):
             raise BadInput(f"the clip range needs 0 <= clip_low < 1 and clip_high >= 0, got "
                            f"clip_low={self.clip_low}, clip_high={self.clip_high}.")
@@ -266,21 +271,23 @@ class GRPORunConfig:
     # Training prompts; a testbed model brings data/<task>_rl.jsonl, used when data is null.
     task: TaskConfig = field(default_factory=TaskConfig)
     # Rollout engine: auto (vLLM when installed), hf (the policy itself) or vllm.
-    backend: str = "auto"
+    backend: str = choice("auto", lambda: ("auto", "hf", "vllm"))
+    # Optimizer steps of the whole run (each on one step's rollouts).
     steps: int = 100
+    # The run seed: prompt batches, sampling streams, shuffles.
     seed: int = 0
     # Save an HF checkpoint (plus optimizer and trainer state) every this many steps.
     checkpoint_every: int = 20
     # Rows per forward/backward pass; the loss is the same for any value (global counts).
     micro_batch: int = 64
-    device: str = "cpu"
+    # Device of the policy (and reference and teachers): cpu or cuda.
+    device: str = choice("cpu", lambda: ("cpu", "cuda"))
     rollout: RolloutSettings = field(default_factory=RolloutSettings)
     algo: AlgoSettings = field(default_factory=AlgoSettings)
     optim: OptimSettings = field(default_factory=OptimSettings)
 
     def __post_init__(self):
-        _choice("backend", self.backend, ("auto", "hf", "vllm"))
-        _choice("device", self.device, ("cpu", "cuda"))
+        check_choices(self)
         for name in ("steps", "checkpoint_every", "micro_batch"):
             if getattr(self, name) < 1:
                 raise BadInput(f"{name} must be at least 1, got {getattr(self, name)}.")

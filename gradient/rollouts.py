@@ -115,7 +115,7 @@ def generate_groups(edges, problems: list, cfg: GRPORunConfig, step: int, round_
     params = SamplingParams(n=r.group_size, temperature=r.temperature, top_p=r.top_p,
                             max_tokens=r.max_tokens, seed=derive_seed(cfg.seed, step, round_),
                             logprobs=not diffusion)
-    out = edges.backend.generate(prompts, params)
+    out = edges.backend.generate(prompts, params, keys=[p.id for p in problems])
     pairs = [(p, prefix_texts[i] + c.text) for i, p in enumerate(problems) for c in out[i]]
     scores = edges.task.score_many(pairs)
     flat = [c for row in out for c in row]

@@ -21,13 +21,18 @@ from gradient.rollouts import prefix_controller_config
 from gradient.trainer import Edges, TrainerState
 
 
+def saved_step(checkpoint: Path) -> int:
+    """The step a checkpoint folder was saved after (its ``trainer_state.pt``)."""
+    return torch.load(checkpoint / "trainer_state.pt", map_location="cpu",
+                      weights_only=False)["step"]
+
+
 def latest_checkpoint(out: Path) -> Path | None:
     """The checkpoint of a run folder with the most steps (``trainer_state.pt`` present)."""
     best, best_step = None, -1
     for folder in (out / "checkpoints").glob("*"):
-        state = folder / "trainer_state.pt"
-        if state.is_file():
-            step = torch.load(state, map_location="cpu", weights_only=False)["step"]
+        if (folder / "trainer_state.pt").is_file():
+            step = saved_step(folder)
             if step > best_step:
                 best, best_step = folder, step
     return best
@@ -67,7 +72,7 @@ def _distill_models(cfg: GRPORunConfig, tokenizer, problems: list, model_class) 
     models = {}
     for role in spec.models:
         path = paths[role]
-        check_model_path(path)
+        check_model_path(path, f"the {role} model")
         _check_same_tokenizer(tokenizer, AutoTokenizer.from_pretrained(path),
                               f"the {role} model {path!r}" if role != "teacher"
                               else f"the teacher {path!r}")
@@ -126,7 +131,7 @@ def build(cfg: GRPORunConfig, resume_from: Path | None = None):
     ref = None
     if cfg.algo.kl.coef > 0:
         ref_path = cfg.algo.kl.ref_model or cfg.model
-        check_model_path(ref_path)
+        check_model_path(ref_path, "the reference model")
         _check_same_tokenizer(tokenizer, AutoTokenizer.from_pretrained(ref_path),
                               f"the reference model {ref_path!r}")
         ref = model_class.from_pretrained(ref_path, dtype=torch.float32).to(cfg.device)

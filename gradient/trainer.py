@@ -32,8 +32,9 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from es_llm.config import dump_yaml
+from es_llm.config import run_config_yaml
 from es_llm.io import complete_jsonl_rows, save_hf_checkpoint, write_text_atomic
+from es_llm.run_folder import AppendLog, written
 from gradient.advantages import AdvantageInput, compute_advantages
 from gradient.aggregation import aggregate
 from gradient.config import GRPORunConfig
@@ -366,7 +367,8 @@ def step(edges: Edges, cfg: GRPORunConfig, state: TrainerState, problems: list):
     return state, metrics
 
 
-def save(edges: Edges, cfg: GRPORunConfig, state: TrainerState, folder: Path) -> None:
+def save(edges: Edges, cfg: GRPORunConfig, state: TrainerState, folder: Path,
+         resume: str) -> None:
     """An HF checkpoint plus ``trainer_state.pt``: optimizer, step (the data position),
     sample count, prefix controller and replay buffer, enough for ``--resume``."""
     def extra(tmp: Path) -> None:
@@ -375,29 +377,36 @@ def save(edges: Edges, cfg: GRPORunConfig, state: TrainerState, folder: Path) ->
                     "prefix": state.prefix.to_dict() if state.prefix is not None else None,
                     "replay": state.replay.state_dict() if state.replay is not None else None},
                    tmp / "trainer_state.pt")
-    save_hf_checkpoint(edges.model, edges.tokenizer, folder, data_from=cfg.model, extra=extra)
+    with written(folder, resume):
+        save_hf_checkpoint(edges.model, edges.tokenizer, folder, data_from=cfg.model,
+                           extra=extra)
 
 
 def run(cfg: GRPORunConfig, edges: Edges, problems: list, out: Path, state: TrainerState,
-        progress: bool = True) -> TrainerState:
+        progress: bool = True, command: str = "grpo") -> TrainerState:
     """Train up to ``cfg.steps`` from ``state`` (a fresh one, or one restored by resume)."""
-    out.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(out / "config.yaml", dump_yaml(cfg))
+    again = f"es-llm {command} --resume {out}"
     kept = [m for m in complete_jsonl_rows(out / "metrics.jsonl") if m.get("step", 0) < state.step]
-    write_text_atomic(out / "metrics.jsonl", "".join(json.dumps(m) + "\n" for m in kept))
-    bar = tqdm(range(state.step, cfg.steps), desc="grpo", unit="step", disable=not progress,
+    for name, text in (("config.yaml", run_config_yaml(cfg)),
+                       ("metrics.jsonl", "".join(json.dumps(m) + "\n" for m in kept))):
+        with written(out / name, again):
+            out.mkdir(parents=True, exist_ok=True)
+            write_text_atomic(out / name, text)
+    bar = tqdm(range(state.step, cfg.steps), desc=command, unit="step", disable=not progress,
                initial=state.step, total=cfg.steps)
-    with open(out / "metrics.jsonl", "a") as log:
+    log = AppendLog(out / "metrics.jsonl", again)
+    try:
         for it in bar:
             state, metrics = step(edges, cfg, state, problems)
             log.write(json.dumps({"step": it, **metrics}) + "\n")
-            log.flush()
             bar.write(f"step {it:4d}  reward {metrics['reward/mean']:.3f}  "
                       f"correct {metrics['reward/correct']:.3f}  "
                       f"loss {metrics.get('grad/loss', 0.0):+.4f}  "
                       f"clip {metrics.get('grad/clipfrac', 0.0):.3f}  "
                       f"{metrics['perf/step_s']:.1f} s")
             if (it + 1) % cfg.checkpoint_every == 0 and it + 1 < cfg.steps:
-                save(edges, cfg, state, out / "checkpoints" / f"step_{it + 1}")
-    save(edges, cfg, state, out / "checkpoints" / "final")
+                save(edges, cfg, state, out / "checkpoints" / f"step_{it + 1}", again)
+    finally:
+        log.close()
+    save(edges, cfg, state, out / "checkpoints" / "final", again)
     return state

@@ -9,7 +9,8 @@ Measures (record the output in docs/benchmarks.md with the machine):
    own per-member weight cost (a mirrored pair: one noise draw, two writes, one restore);
 2. keyed-noise generation throughput against a plain copy of the same number of bytes on
    the device that holds the master weights;
-3. bytes one rank sends over MPI per iteration (its pickled rewards) against the model size;
+3. bytes that cross MPI per iteration (pickled rewards, see es_llm/comm/mpi.py) against the
+   model size;
 4. iteration time of `mpirun -n 2` against one process at the same population;
 5. ES population throughput (samples/s) against plain generation of the same prompts and
    sample count on the same backend, without ES.
@@ -132,7 +133,10 @@ def in_process(cfg: ESRunConfig, repeats: int) -> dict:
     t_plain = timed(lambda: [edges.backend.generate(prompts, params) for _ in members], 1)
     t_es = timed(lambda: evaluate_members(edges, es_cfg, state, members, batch, cfg), 1)
     rewards = evaluate_members(edges, es_cfg, state, members, batch, cfg)
-    half = {n: r for n, r in rewards.items() if members[n].direction % 2 == 0}  # rank 0 of 2
+    # What crosses the wire in one exchange of 2 ranks (es_llm.comm.mpi): rank 1 sends rank 0
+    # its members' rewards, rank 0 sends back every rank's.
+    parts = [{n: r for n, r in rewards.items() if members[n].direction % 2 == rank}
+             for rank in range(2)]
     edges.task.close()
     samples = len(members) * len(prompts)
     return {
@@ -142,7 +146,8 @@ def in_process(cfg: ESRunConfig, repeats: int) -> dict:
         "engine_member_s": t_pair / 2,
         "engine_member_share": (t_pair / 2) / (t_generate + t_pair / 2),
         "noise_MBps": noise_rates, "copy_MBps": numel * 4 / t_copy / 1e6,
-        "mpi_bytes_per_rank": len(pickle.dumps(half)), "model_bytes": numel * 4,
+        "mpi_part_bytes": len(pickle.dumps((1, parts[1]))),
+        "mpi_all_bytes": len(pickle.dumps((1, parts))), "model_bytes": numel * 4,
         "es_samples_per_s": samples / t_es, "plain_samples_per_s": samples / t_plain,
     }
 
@@ -217,9 +222,11 @@ def main() -> None:
     for where, rate in r["noise_MBps"].items():
         print(f"2. keyed noise on {where} {rate:,.0f} MB/s vs copy on {r['device']} "
               f"{r['copy_MBps']:,.0f} MB/s: {100 * rate / r['copy_MBps']:.1f}% of copy bandwidth")
-    print(f"3. MPI bytes per rank per iteration {r['mpi_bytes_per_rank']:,} vs model "
-          f"{r['model_bytes']:,} bytes (fp32): ratio {r['mpi_bytes_per_rank'] / r['model_bytes']:.2e}"
-          f" (grows with N x prompts, not with model size)")
+    wire = r["mpi_part_bytes"] + r["mpi_all_bytes"]
+    print(f"3. MPI bytes per iteration with 2 ranks: rank 1 sends {r['mpi_part_bytes']:,} (its "
+          f"members' rewards) and receives {r['mpi_all_bytes']:,} (every member's), {wire:,} in "
+          f"all, vs model {r['model_bytes']:,} bytes (fp32): ratio {wire / r['model_bytes']:.2e} "
+          f"(grows with N x prompts and the rank count, not with model size)")
     if not args.skip_mpi:
         print(f"4. iteration time: 1 process {one:.2f} s, mpirun -n 2 {two:.2f} s: "
               f"{one / two:.2f}x faster with 2 ranks")

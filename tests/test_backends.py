@@ -82,3 +82,39 @@ def test_vllm_sampling_is_reproducible_from_the_seed(vllm_engine, ci_testbed):
     b = vllm_engine.generate(prompts, p)
     assert [x.text for row in a for x in row] == [x.text for row in b for x in row]
     assert len({x.text for row in a for x in row}) > len(prompts)  # samples differ
+
+
+def test_stream_seeds_depend_on_seed_key_and_occurrence_only():
+    from es_llm.backends.base import stream_seeds
+
+    a = stream_seeds(5, 3, ["p1", "p2", "p1"])
+    # A repeated key gets a stream of its own; the first occurrence keeps the key's stream
+    # when other keys join or leave the call.
+    assert len(set(a)) == 3
+    assert stream_seeds(5, 2, ["p9", "p1"])[1] == a[0]
+    assert stream_seeds(5, 1, ["p2"]) == [a[1]]
+    assert stream_seeds(6, 3, ["p1", "p2", "p1"]) != a
+    assert stream_seeds(5, 3) == stream_seeds(5, 3, [0, 1, 2])
+    assert all(0 <= s < 2 ** 62 for s in a)
+    with pytest.raises(ValueError):
+        stream_seeds(5, 2, ["p1"])
+
+
+@pytest.mark.vllm
+def test_vllm_requests_draw_independent_streams(vllm_engine, ci_testbed):
+    """Every prompt of a call has its own random stream, keyed by (seed, problem): copies of
+    one prompt differ, a problem's samples do not change when other problems join the call,
+    and a rerun is identical."""
+    prompts = eval_prompts(ci_testbed, 4)
+    p = SamplingParams(n=2, temperature=1.0, max_tokens=32, seed=11)
+    texts = lambda row: [c.text for c in row]  # noqa: E731
+    copies = vllm_engine.generate([prompts[0]] * 3, p, keys=["a", "a", "a"])
+    assert len({tuple(texts(row)) for row in copies}) == 3
+    alone = vllm_engine.generate([prompts[1]], p, keys=["q1"])
+    crowd = vllm_engine.generate(prompts, p, keys=["q0", "q1", "q2", "q3"])
+    again = vllm_engine.generate(prompts, p, keys=["q0", "q1", "q2", "q3"])
+    assert texts(crowd[1]) == texts(alone[0])
+    assert [texts(r) for r in crowd] == [texts(r) for r in again]
+    # Without keys a prompt's stream is its position: copies still differ.
+    unkeyed = vllm_engine.generate([prompts[0]] * 3, p)
+    assert len({tuple(texts(row)) for row in unkeyed}) == 3

@@ -115,7 +115,7 @@ def test_bad_input_is_a_one_paragraph_error_with_status_2(report, tmp_path, caps
     shutil.copytree(ci_testbed, broken)
     (broken / "model.safetensors").write_bytes(b"not a safetensors file")
     cases.append((["--models", f"base={root / 'evals' / 'base'}", f"es={broken}", "--task",
-                   "countdown"], "model es at .* fails to load"))
+                   "countdown"], "model es folder .* does not load"))
     for extra, message in cases:
         out = tmp_path / "out"
         assert main(["compare", *extra, "--out", str(out), "--no-progress"]) == 2, message

@@ -121,7 +121,7 @@ def test_mpirun_two_ranks_gives_bitwise_the_serial_weights(ci_testbed, tmp_path,
 @pytest.mark.parametrize("override, message", [
     ("es.sigma=0", "es.sigma must be > 0"),
     ("es.population=7 es.antithetic=true", "must be even"),
-    ("es.params=some", "unknown es.params filter 'some'"),
+    ("es.params=some", "unknown es.params 'some'"),
     ("es.shaping=best", "unknown es.shaping 'best'"),
 ])
 def test_es_bad_input_exits_2(ci_testbed, tmp_path, capsys, override, message):

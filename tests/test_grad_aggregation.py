@@ -116,3 +116,16 @@ def test_bad_inputs_raise():
         agg("token-mean", global_seqs=float("inf"))
     with pytest.raises(ValueError, match="mask_B_T"):
         agg("token-mean", mask=MASK[:, :2])
+
+
+def test_seq_mean_token_sum_norm_matches_verl_with_the_documented_constant():
+    # verl 0.9.1, loss = mask = ones(2, 4), loss_scale_factor 4: each sequence's token sum
+    # (4) over the factor is 1, averaged over the 2 sequences: 1.0. The docstring's recipe,
+    # constant = loss_scale_factor * global_seqs = 8, gives the same; the factor alone (4)
+    # would give 2.0, global_seqs times too large.
+    ones = torch.ones(2, 4, dtype=F64)
+    verl = aggregate(ones, ones, "seq-mean-token-sum-norm", global_tokens=8.0, global_seqs=2.0,
+                     constant=4.0 * 2.0)
+    assert verl.item() == 1.0
+    assert aggregate(ones, ones, "seq-mean-token-sum-norm", global_tokens=8.0, global_seqs=2.0,
+                     constant=4.0).item() == 2.0

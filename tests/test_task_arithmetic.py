@@ -53,6 +53,9 @@ def test_negative_answers_and_errors():
     s = score_completion(5, "<answer>" + "9" * 5000 + "</answer>")
     assert s.reward == 0.0 and s.error.startswith("answer too long")
     assert score_completion(5, "<answer>4</answer>", format_weight=0.25).reward == 0.25
+    # require_answer_tag: the last integer outside tags no longer counts.
+    assert score_completion(-17, "3-20 gives -17", require_answer_tag=True).error == "no answer"
+    assert score_completion(-17, "<answer>-17</answer>", require_answer_tag=True).correct
 
 
 def test_generate_is_deterministic():

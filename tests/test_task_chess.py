@@ -138,6 +138,9 @@ def test_last_answer_block_wins_and_fallback_is_last_line():
     assert s.reward == pytest.approx(0.9)
     wrong = _score(BACK_RANK, "mate1", "<answer>Ra7</answer>", format_weight=0.1)
     assert wrong.reward == pytest.approx(0.1)
+    # With require_answer_tag only a closed tag counts (the ES paper's rule).
+    assert not _score(BACK_RANK, "mate1", "weak back rank\nRa8#", require_answer_tag=True).correct
+    assert _score(BACK_RANK, "mate1", "<answer>Ra8#</answer>", require_answer_tag=True).correct
 
 
 def test_castling_promotion_and_en_passant_parse():

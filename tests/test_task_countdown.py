@@ -278,3 +278,87 @@ def test_task_interface(tmp_path):
                                   (p, "nonsense")])
         assert [s.reward for s in scores] == [1.0, 0.0]
         assert task.name == "countdown"
+
+
+# --- hostile completions: linear answer extraction, bounded length -------------------------
+
+def test_answer_blocks_are_the_regex_blocks():
+    from es_llm.tasks.base import answer_blocks
+
+    rng = random.Random(0)
+    pieces = ["<answer>", "</answer>", "x", "7", "<", "answer", ">", "/", "\n", " "]
+    for _ in range(3000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randrange(0, 14)))
+        assert answer_blocks(text) == re.findall(r"<answer>(.*?)</answer>", text, re.DOTALL), text
+
+
+@pytest.mark.parametrize("task", ["countdown", "arithmetic"])
+def test_many_unclosed_answer_tags_are_scored_in_linear_time(task):
+    from es_llm.tasks import arithmetic
+
+    score = (lambda c, **kw: score_completion([7, 3, 4], 25, c, **kw)) if task == "countdown" \
+        else (lambda c, **kw: arithmetic.score_completion(21, c, **kw))
+    # 10,000 openings and no closing tag took 27 s with the regex (each opening scanned to
+    # the end); 1 MB never finished. The bound refuses both before any parsing...
+    assert score("<answer>" * 10_000).error.startswith("completion too long")
+    # ...and without the bound the linear scan still answers at once (a hang guard).
+    t0 = time.perf_counter()
+    s = score("<answer>" * 125_000, max_completion_chars=10 ** 7)
+    assert time.perf_counter() - t0 < 5.0
+    assert (s.reward, s.correct) == (0.0, False)
+
+
+# What the ES paper's answer_reward (countdown/countdown_task.py of the paper's code) gives,
+# worked out by hand from its rules: the last closed block, whose raw text must match
+# ^[0-9+\-*/() ]+$ ("$" also before one final newline), the numbers used once each, and the
+# value within 1e-5 of the target. Numbers [7, 3, 4], target 25.
+PAPER_CASES = [
+    ("<answer>7*3+4</answer>", 1.0),
+    ("7*3=21 21+4=25 <answer>7*3+4</answer>", 1.0),
+    ("7*3+4", 0.0),                                   # no tag
+    ("7*3=21 <answer>7*3+4", 0.0),                    # unclosed tag
+    ("<answer>7*3+4</answer> <answer>7+3+4</answer>", 0.0),   # the last block counts
+    ("<answer>7+3+4</answer> <answer>7*3+4</answer>", 1.0),
+    ("<answer>\n7*3+4\n</answer>", 0.0),              # a leading newline fails the whitelist
+    ("<answer>7*3+4\n</answer>", 1.0),                # one final newline passes it
+    ("<answer> 7 * 3 + 4 </answer>", 1.0),
+    ("<answer>(7*3)+4</answer>", 1.0),
+    ("<answer>7*3+4=25</answer>", 0.0),
+    ("<answer></answer>", 0.0),
+    ("<answer>7*3+4+4-4</answer>", 0.0),              # 4 used three times
+    ("<answer>7*3+4</answer>trailing text", 1.0),
+]
+
+
+@pytest.mark.parametrize("completion, paper", PAPER_CASES)
+def test_require_answer_tag_gives_the_es_paper_answer_reward(completion, paper):
+    task = build_task(TaskConfig(name="countdown", require_answer_tag=True, num_problems=1))
+    problem = countdown.Problem(id="p", prompt="", gold={"numbers": [7, 3, 4], "target": 25})
+    assert task.score(problem, completion).reward == paper
+
+
+def test_without_require_answer_tag_untagged_answers_still_count():
+    # The project default (kept): the last line, or the text after an unclosed tag.
+    for completion in ("7*3+4", "7*3=21 <answer>7*3+4", "<answer>\n7*3+4\n</answer>"):
+        assert score_completion([7, 3, 4], 25, completion).correct, completion
+
+
+def test_require_answer_tag_departs_from_the_paper_only_where_it_would_eval():
+    # The paper's code hands "-3+10" to eval (1.0 for numbers [3, 10], target 7); a unary
+    # sign is never accepted here, with or without the tag rule.
+    assert not score_completion([3, 10], 7, "<answer>-3+10</answer>",
+                                require_answer_tag=True).correct
+    with pytest.raises(BadInput, match="require_answer_tag is for tasks"):
+        TaskConfig(name="math", require_answer_tag=True)
+
+
+@pytest.mark.parametrize("numbers", [[1234567, 2], [-3, 5]])
+def test_loader_refuses_numbers_no_answer_can_use(tmp_path, numbers):
+    path = tmp_path / "cd.jsonl"
+    path.write_text(json.dumps({"numbers": [3, 4], "target": 7}) + "\n"
+                    + json.dumps({"numbers": numbers, "target": 7}) + "\n")
+    with pytest.raises(BadInput, match=r"record 1 has numbers .* from 0 to 999999"):
+        countdown.load_problems(path)
+    path.write_text(json.dumps({"numbers": [999999, 1], "target": 999998}) + "\n")
+    (p,) = countdown.load_problems(path)
+    assert score_completion(p.gold["numbers"], p.gold["target"], "<answer>999999-1</answer>").correct

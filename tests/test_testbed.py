@@ -112,8 +112,12 @@ def test_out_paths_that_replacing_would_destroy_are_refused(tmp_path, monkeypatc
     monkeypatch.setenv("ES_LLM_CACHE", str(tmp_path / "cache"))
     precious = tmp_path / "notes.txt"
     precious.write_text("keep me")
-    with pytest.raises(BadInput, match="not a directory"):
+    with pytest.raises(BadInput, match="not a folder"):
         build_testbed(tiny(), precious, progress=False, echo=lambda *_: None)
+    dangling = tmp_path / "link"
+    dangling.symlink_to(tmp_path / "gone")
+    with pytest.raises(BadInput, match="symbolic link"):
+        build_testbed(tiny(), dangling, progress=False, echo=lambda *_: None)
     folder = tmp_path / "work"
     folder.mkdir()
     (folder / "draft.txt").write_text("keep me too")
@@ -213,3 +217,36 @@ def test_short_rl_moves_the_weak_model_along_the_reward():
     stats = short_rl(model, tok, EvenLength(), problems, cfg, progress=False)
     assert stats["rl_steps"] == 3 and 0 <= stats["reward_first"] <= 1
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+@pytest.mark.slow
+def test_concurrent_builds_of_one_key_build_once_and_leave_no_temporaries(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    overrides = ["train.steps=6", "data.eval_per_tier=3", "data.rl_per_tier=3",
+                 "report.samples=2", "report.max_tokens=8", "teachers.enabled=false"]
+    cache = tmp_path / "cache"
+    key = f"ci-{load_testbed_config('ci', overrides=overrides).fingerprint()}"
+    # What a builder killed mid-build leaves: a staging folder beside the key.
+    stale = cache / "testbed" / f".{key}.dead1234"
+    stale.mkdir(parents=True)
+    (stale / "model.safetensors").write_bytes(b"half")
+    env = dict(os.environ, ES_LLM_CACHE=str(cache),
+               PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    procs = [subprocess.Popen([sys.executable, "-m", "es_llm", "testbed", "--size", "ci",
+                               "--out", str(tmp_path / f"out{i}"), "--no-progress", *overrides],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for i in range(2)]
+    said = [p.communicate(timeout=600)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], said
+    built = [s.startswith(f"building testbed ci ({key})") for s in said]
+    assert sum(built) == 1, said
+    waited = said[built.index(False)]
+    assert "found in cache" in waited
+    assert weights_digest(tmp_path / "out0") == weights_digest(tmp_path / "out1")
+    leftovers = [p.name for p in (cache / "testbed").iterdir()
+                 if p.name.startswith(".") and not p.name.endswith(".lock")]
+    assert leftovers == []

@@ -6,8 +6,10 @@ vLLM implementations take the same parameters and return the same fields.
 
 from __future__ import annotations
 
+import hashlib
+from collections import Counter
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Hashable, Protocol, Sequence
 
 from es_llm.errors import BadInput
 
@@ -29,7 +31,10 @@ class SamplingParams:
     """How to sample.
 
     ``temperature == 0`` means greedy decoding. ``seed`` makes sampling reproducible: the
-    same prompts, params and seed give the same completions on the same backend.
+    same prompts, params and seed give the same completions on the same backend. With vLLM,
+    every prompt of a call draws from a stream of its own (``stream_seeds``), so a problem's
+    samples depend only on the seed and its key, not on what else is in the call; the HF loop
+    draws all rows of a call from one generator seeded with ``seed``.
     ``logprobs`` asks for the log-probability of each generated token. Which distribution it
     is taken under is a setting of the backend, not of the request (``logprobs_mode`` of
     ``HFBackend`` and ``VLLMBackend``): ``"raw"`` (the default) is the log-softmax of the
@@ -71,14 +76,42 @@ class Completion:
     trace: object = None
 
 
+def stream_seeds(seed: int, count: int, keys: Sequence[Hashable] | None = None) -> list[int]:
+    """One sampling seed per prompt of a call: a hash of the call's ``seed``, the prompt's
+    key (``keys[i]``, e.g. the problem id; its position when no keys are given) and how many
+    earlier prompts of the call had the same key.
+
+    So duplicated prompts draw different samples, a problem keeps its samples when other
+    problems join the call, and a rerun with the same seed is identical. Without this every
+    request of a call shared one seed, and sample i of every prompt came from the same random
+    stream: samples of different problems were correlated, which the bootstrap over problems
+    and GRPO's batch statistics assume they are not. Seeds are below 2**62, leaving room for
+    an engine that derives its n samples' streams as seed + i (vLLM's parallel sampling).
+    """
+    keys = list(range(count)) if keys is None else list(keys)
+    if len(keys) != count:
+        raise ValueError(f"{len(keys)} stream keys for {count} prompts")
+    seen: Counter = Counter()
+    seeds = []
+    for key in keys:
+        text = f"{seed}\x1f{key!r}\x1f{seen[key]}"
+        seen[key] += 1
+        digest = hashlib.blake2b(text.encode(), digest_size=8).digest()
+        seeds.append(int.from_bytes(digest, "little") >> 2)
+    return seeds
+
+
 class Backend(Protocol):
     """Generates ``n`` completions for each prompt; returns them as ``[prompt][sample]``.
-    A prompt is a string or a list of token ids (fed to the model exactly as given)."""
+    A prompt is a string or a list of token ids (fed to the model exactly as given).
+    ``keys`` name the prompts' random streams (problem ids; see ``stream_seeds``); a backend
+    that draws every row from one generator ignores them."""
 
     name: str
 
     def generate(self, prompts: Sequence[str | Sequence[int]], params: SamplingParams,
-                 progress: bool = False) -> list[list[Completion]]:
+                 progress: bool = False, keys: Sequence[Hashable] | None = None
+                 ) -> list[list[Completion]]:
         ...
 
     def close(self) -> None:

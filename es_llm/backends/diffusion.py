@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Hashable, Sequence
 
 import torch
 from tqdm.auto import tqdm
@@ -84,7 +84,10 @@ class DiffusionBackend:
                       tok.mask_token_id, tok.pad_token_id, record_states)
 
     def generate(self, prompts: Sequence[str | Sequence[int]], params: SamplingParams,
-                 progress: bool = False) -> list[list[Completion]]:
+                 progress: bool = False, keys: Sequence[Hashable] | None = None
+                 ) -> list[list[Completion]]:
+        """``params.n`` samples per prompt from the masked-diffusion sampler; like the HF loop,
+        one generator seeded with ``params.seed`` serves the whole call (``keys`` unused)."""
         if params.top_p < 1.0 or params.logprobs or params.stop:
             raise BadInput("the diffusion backend samples with temperature only: top_p < 1, "
                            "stop strings and per-token logprobs are not defined for it "

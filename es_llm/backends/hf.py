@@ -8,7 +8,7 @@ the same ``logprobs_mode`` (see ``sampled_logprobs``).
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Hashable, Sequence
 
 import torch
 from tqdm.auto import tqdm
@@ -84,7 +84,11 @@ class HFBackend:
         self.batch_size = batch_size
 
     def generate(self, prompts: Sequence[str | Sequence[int]], params: SamplingParams,
-                 progress: bool = False) -> list[list[Completion]]:
+                 progress: bool = False, keys: Sequence[Hashable] | None = None
+                 ) -> list[list[Completion]]:
+        """``params.n`` completions per prompt, every row drawn from one generator seeded
+        with ``params.seed`` (rows are independent draws, but a prompt's samples depend on
+        the rest of the call; ``keys`` are not used)."""
         jobs = [(p, s) for p in range(len(prompts)) for s in range(params.n)]
         results: list[list[Completion | None]] = [[None] * params.n for _ in prompts]
         generator = torch.Generator(device="cpu").manual_seed(params.seed)

@@ -7,7 +7,7 @@ verifier that rejects a correct answer shows up as pass@1 below 1.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Hashable, Sequence
 
 from es_llm.backends.base import Completion, SamplingParams
 from es_llm.errors import BadInput
@@ -29,7 +29,9 @@ class ReferenceBackend:
             self._answers[p.prompt] = answer
 
     def generate(self, prompts: Sequence[str], params: SamplingParams,
-                 progress: bool = False) -> list[list[Completion]]:
+                 progress: bool = False, keys: Sequence[Hashable] | None = None
+                 ) -> list[list[Completion]]:
+        """Each prompt's own reference solution, ``params.n`` times (``keys`` unused)."""
         return [[Completion(text=self._answers[p], token_ids=(), logprobs=None,
                             finish_reason="stop")] * params.n for p in prompts]
 

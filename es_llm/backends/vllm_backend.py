@@ -6,6 +6,9 @@ reachable for in-place weight updates. On the CPU, vLLM reserves a share of the 
 memory for its KV cache; the defaults here are small so that several engines (one per MPI
 rank) fit on one machine.
 
+On the CPU, vLLM 0.32 replaces ``torch.set_num_threads`` with a no-op once an engine has
+started in the process: set torch's thread count before creating an engine.
+
 Known limitation (vLLM 0.32): starting an engine in a process that has imported numba or
 llvmlite (evotorch does) fails in vLLM's kernel scan (``'_lib_fn_wrapper' object has no
 attribute 'get'``); keep evotorch out of processes that run vLLM.
@@ -14,9 +17,10 @@ attribute 'get'``); keep evotorch out of processes that run vLLM.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Hashable, Sequence
 
-from es_llm.backends.base import Completion, SamplingParams, check_logprobs_mode
+from es_llm.backends.base import Completion, SamplingParams, check_logprobs_mode, stream_seeds
+from es_llm.comm.placement import cpu_list
 
 if TYPE_CHECKING:
     import torch
@@ -67,8 +71,10 @@ class VLLMBackend:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-        import torch
-        threads = torch.get_num_threads()
+        # An engine's OpenMP threads stay on the cores this process may use (an MPI rank's
+        # own share, see es_llm.comm.placement), not every core of the node.
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND",
+                              cpu_list(sorted(os.sched_getaffinity(0))))
         from vllm import LLM
 
         extra = {}
@@ -81,22 +87,25 @@ class VLLMBackend:
         # generator after a partial prefill, which the CPU generator does not support.
         self.llm = LLM(model=model_path, dtype=dtype, enforce_eager=True,
                        max_model_len=max_model_len, gpu_memory_utilization=memory_utilization,
-                       seed=seed, enable_chunked_prefill=False,
+                       seed=seed, enable_chunked_prefill=False, use_tqdm_on_load=False,
                        logprobs_mode=_ENGINE_LOGPROBS_MODE[self.logprobs_mode], **extra)
-        # vLLM drops torch to one thread per engine; restore it for work done beside it.
-        torch.set_num_threads(threads)
         self.tokenizer = self.llm.get_tokenizer()
 
     def generate(self, prompts: Sequence[str | Sequence[int]], params: SamplingParams,
-                 progress: bool = False) -> list[list[Completion]]:
+                 progress: bool = False, keys: Sequence[Hashable] | None = None
+                 ) -> list[list[Completion]]:
+        """``params.n`` completions per prompt. Each prompt gets a seed of its own from
+        ``stream_seeds(params.seed, ..., keys)``; vLLM gives its i-th sample the stream
+        seed + i."""
         from vllm import SamplingParams as VSP
 
-        vsp = VSP(n=params.n, temperature=params.temperature, top_p=params.top_p,
-                  max_tokens=params.max_tokens, stop=list(params.stop) or None,
-                  seed=params.seed, logprobs=1 if params.logprobs else None)
+        per_prompt = [VSP(n=params.n, temperature=params.temperature, top_p=params.top_p,
+                          max_tokens=params.max_tokens, stop=list(params.stop) or None,
+                          seed=seed, logprobs=1 if params.logprobs else None)
+                      for seed in stream_seeds(params.seed, len(prompts), keys)]
         # Token-id prompts go in as they are (no re-tokenization that could merge tokens).
         inputs = [p if isinstance(p, str) else {"prompt_token_ids": list(p)} for p in prompts]
-        outputs = self.llm.generate(inputs, vsp, use_tqdm=progress)
+        outputs = self.llm.generate(inputs, per_prompt, use_tqdm=progress)
         results = []
         for out in outputs:
             row = []

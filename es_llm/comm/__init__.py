@@ -12,6 +12,9 @@ from typing import Any, Protocol
 class Communicator(Protocol):
     rank: int
     size: int
+    # This rank's index among the ranks on its node, and how many ranks the node runs.
+    local_rank: int
+    local_size: int
 
     def allgather(self, obj: Any) -> list[Any]:
         """Every rank's ``obj``, in rank order, on every rank."""
@@ -23,12 +26,13 @@ class Communicator(Protocol):
         """Stop every rank of the job."""
 
 
-def make_communicator() -> Communicator:
-    """MPI when this process was started by mpirun with more than one rank, else serial."""
+def make_communicator(timeout_s: float = 300.0) -> Communicator:
+    """MPI when this process was started by mpirun with more than one rank, else serial.
+    ``timeout_s``: how long an MPI exchange waits for a rank before ending the job."""
     from es_llm.comm.mpi import launched_by_mpi
     if launched_by_mpi():
         from es_llm.comm.mpi import MPIComm
-        comm = MPIComm()
+        comm = MPIComm(timeout_s)
         if comm.size > 1:
             return comm
     from es_llm.comm.serial import SerialComm

@@ -9,6 +9,8 @@ from typing import Any
 class SerialComm:
     rank = 0
     size = 1
+    local_rank = 0
+    local_size = 1
 
     def allgather(self, obj: Any) -> list[Any]:
         return [obj]

@@ -147,9 +147,30 @@ def blocks(comp: dict, figures: dict[str, str]) -> list[tuple]:
                     "ES scores its population greedily; the gradient methods' rollouts are "
                     "sampled, so the levels are not comparable, the trends are."))
     out.append(("h", 2, "Models"))
-    out.append(("table", ["model", "samples", "training run"],
-                [[name, m["source"], m["run"] or "-"] for name, m in models.items()]))
+    where = comp.get("machines") or {}
+    out.append(("table", ["model", "samples", "training run", "trained or built on",
+                          "sampled on"],
+                [[name, m["source"], m["run"] or "-",
+                  (where.get(name) or {}).get("trained") or "-",
+                  (where.get(name) or {}).get("sampled") or "-"]
+                 for name, m in models.items()]))
+    note = machines_note(where)
+    if note:
+        out.append(("p", note))
     return out
+
+
+def machines_note(where: dict) -> str | None:
+    """A warning when the compared models were trained or sampled on different kinds of
+    machine, else None."""
+    kinds = sorted({k for m in where.values() for k in m.values() if k})
+    if len(kinds) < 2:
+        return None
+    return ("**Different machines.** These results come from " + "; ".join(kinds) + ". "
+            "Builds and runs are bitwise reproducible only on one machine type: the same "
+            "testbed config built on another CPU type gives other weights, so a difference "
+            "between models made on different machines mixes the methods' effect with the "
+            "machines'; it is reproducible only statistically.")
 
 
 def _passk_blocks(comp: dict, figures: dict) -> list[tuple]:

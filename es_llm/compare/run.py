@@ -11,21 +11,25 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from es_llm.backends import vllm_available
+from es_llm.backends import BACKEND_NAMES, vllm_available
 from es_llm.compare.analysis import compare_sets
 from es_llm.compare.figures import draw_all
 from es_llm.compare.report import summary_rows, to_markdown, write_report
-from es_llm.compare.samples import align, check_name, load_samples, samples_path
-from es_llm.config import dump_yaml, to_dict
+from es_llm.compare.samples import SETTING_KEYS, align, check_name, load_samples, samples_path
+from es_llm.config import (check_choices, choice, dump_yaml, load_yaml_text, run_config_yaml,
+                           to_dict)
 from es_llm.errors import BadInput
 from es_llm.evaluate import (
     EvalConfig,
     SamplingConfig,
+    check_model_path,
     evaluate,
     resolve_task_config,
 )
 from es_llm.io import complete_jsonl_rows, write_json_atomic, write_text_atomic
+from es_llm.machine import machine_kind
 from es_llm.metrics.summary import json_safe
+from es_llm.run_folder import check_out_path, recorded_machine
 from es_llm.tasks import TaskConfig
 
 
@@ -39,10 +43,16 @@ class CompareConfig:
     task: TaskConfig = field(default_factory=TaskConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     # Generation backend for the models sampled here: auto (vLLM when installed), hf or vllm.
-    backend: str = "auto"
+    backend: str = choice("auto", lambda: BACKEND_NAMES)
+    # Bootstrap resamples over problems for each 95% interval.
     bootstrap: int = 1000
     # Seed of the bootstrap resamples and of the diversity subsamples.
     metrics_seed: int = 0
+
+    def __post_init__(self):
+        check_choices(self)
+        if self.bootstrap < 10:
+            raise BadInput(f"bootstrap must be at least 10 resamples, got {self.bootstrap}.")
 
 
 RESERVED = {"models", "reference", "task", "sampling", "backend", "bootstrap", "metrics_seed"}
@@ -71,32 +81,11 @@ def run_folder_of(model_path: Path) -> Path | None:
     return None
 
 
-def check_loadable(name: str, path: Path) -> None:
-    """Fail before any sampling when a model folder cannot be loaded (config, tokenizer and
-    the safetensors headers), naming the model."""
-    from safetensors import safe_open
-    from transformers import AutoConfig, AutoTokenizer
-
-    try:
-        AutoConfig.from_pretrained(path)
-        AutoTokenizer.from_pretrained(path)
-        weights = sorted(path.glob("*.safetensors"))
-        if not weights:
-            raise OSError("no *.safetensors weights in the folder")
-        for w in weights:
-            with safe_open(w, framework="pt") as f:
-                list(f.keys())
-    except Exception as exc:  # any load failure is a bad model folder for the user to fix
-        raise BadInput(f"model {name} at {str(path)!r} fails to load ({type(exc).__name__}: "
-                       f"{exc}); give a Hugging Face model folder, an eval folder or a "
-                       f"samples.jsonl.") from None
-
-
 def _same_eval(folder: Path, cfg: EvalConfig) -> bool:
     """An earlier run of this comparison already sampled this model with these settings."""
     try:
-        old = yaml.safe_load((folder / "config.yaml").read_text())
-    except (OSError, yaml.YAMLError):
+        old = load_yaml_text((folder / "config.yaml").read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return False
     new = to_dict(resolve_task_config(cfg))  # evaluate() records the resolved data file
     return (folder / "samples.jsonl").is_file() and all(
@@ -142,34 +131,80 @@ def training_curve(run: Path) -> dict | None:
             "reward": [r[metric] for r in rows]}
 
 
-def compare(cfg: CompareConfig, out: str | Path, progress: bool = True, echo=print) -> dict:
-    """Run ``es-llm compare``: check every input, sample what needs sampling, write the report."""
-    out = Path(out)
+def check_inputs(cfg: CompareConfig, out: Path) -> tuple[list, dict]:
+    """Everything a comparison needs, checked before anything is sampled or written:
+    ``([(name, path, run folder or None)], {name: SampleSet})``, the second holding the
+    inputs that are sample files (loaded and checked against each other here)."""
     entries = parse_models(cfg.models)
-    if out.exists() and not out.is_dir():
-        raise BadInput(f"output path {str(out)!r} exists and is not a directory.")
-    sources: list[tuple[str, str, Path | None]] = []  # name, "model" | "samples", run folder
-    for name, path in entries:
-        p = Path(path)
-        if p.is_dir() and (p / "config.json").is_file():
-            check_loadable(name, p)
-            sources.append((name, "model", run_folder_of(p)))
-        else:
-            try:
-                samples_path(p)
-            except BadInput:
-                raise BadInput(f"model {name}: {path!r} is not a model folder (config.json and "
-                               f"weights), an eval folder or a samples.jsonl file.") from None
-            sources.append((name, "samples", None))
+    check_out_path(out)
     names = [n for n, _ in entries]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise BadInput(f"model name(s) {', '.join(dup)} given more than once; names must be "
+                       f"unique (use method@seed for several training seeds).")
     if cfg.reference not in names and cfg.reference not in {n.split("@")[0] for n in names}:
         raise BadInput(f"reference {cfg.reference!r} is none of the models ({', '.join(names)}); "
                        f"set --reference NAME.")
+    sources, loaded = [], {}
+    for name, path in entries:
+        p = Path(path)
+        if p.is_dir() and (p / "config.json").is_file():
+            check_model_path(path, f"model {name}")
+            sources.append((name, p, run_folder_of(p)))
+            continue
+        try:
+            samples_path(p)
+        except BadInput:
+            raise BadInput(f"model {name}: {path!r} is not a model folder (config.json and "
+                           f"weights), an eval folder or a samples.jsonl file.") from None
+        loaded[name] = load_samples(name, p)
+        sources.append((name, p, None))
+    if len(loaded) > 1:
+        align(list(loaded.values()))
+    if len(loaded) < len(entries):
+        wanted = to_dict(cfg.sampling)
+        for s in loaded.values():
+            off = [k for k in SETTING_KEYS if k in s.settings and s.settings[k] != wanted[k]]
+            if off:
+                raise BadInput(f"{s.source} ({s.name}) was sampled with "
+                               f"{', '.join(f'{k}={s.settings[k]!r}' for k in off)}, but the "
+                               f"models sampled here would get "
+                               f"{', '.join(f'{k}={wanted[k]!r}' for k in off)}; a comparison "
+                               f"needs identical sampling settings.")
+    return sources, loaded
+
+
+def machines(sets: list) -> dict[str, dict]:
+    """Per model, the machine kind (``machine_kind``) it was trained or built on and the one
+    its samples were drawn on, where recorded."""
+    out = {}
+    for s in sets:
+        model = s.run or s.model
+        trained = None
+        if model:
+            folder = Path(model)
+            trained = recorded_machine(folder) or recorded_machine(folder.parent.parent)
+        out[s.name] = {"trained": machine_kind(trained) if trained else None,
+                       "sampled": machine_kind(s.machine) if s.machine else None}
+    return out
+
+
+def compare(cfg: CompareConfig, out: str | Path, progress: bool = True, echo=print,
+            on_folder=None) -> dict:
+    """Run ``es-llm compare``: check every input, sample what needs sampling, write the
+    report. ``on_folder(out)`` is called once the output folder exists."""
+    out = Path(out)
+    sources, loaded = check_inputs(cfg, out)
+    out.mkdir(parents=True, exist_ok=True)
+    if on_folder is not None:
+        on_folder(out)
     sets = []
-    for (name, path), (_, kind, run) in zip(entries, sources):
-        if kind == "model":
-            path = sample_model(name, Path(path), cfg, out, progress)
-        sets.append(load_samples(name, path, run=str(run) if run else None))
+    for name, path, run in sources:
+        if name in loaded:
+            sets.append(loaded[name])
+            continue
+        folder = sample_model(name, path, cfg, out, progress)
+        sets.append(load_samples(name, folder, run=str(run) if run else None))
     sets = align(sets)
     comp = compare_sets(sets, cfg.reference, np.random.default_rng(cfg.metrics_seed),
                         cfg.bootstrap)
@@ -179,15 +214,15 @@ def compare(cfg: CompareConfig, out: str | Path, progress: bool = True, echo=pri
     for name, c in comp["training"].items():
         budget.setdefault(name.split("@")[0], []).append(c["samples"][-1])
     comp["budget"] = budget
+    comp["machines"] = machines(sets)
     comp["config"] = to_dict(cfg)
     figures = draw_all(comp, out / "figures")
     comp["figures"] = figures
     comp = json_safe(comp)
-    write_text_atomic(out / "config.yaml", dump_yaml(cfg))
+    write_text_atomic(out / "config.yaml", run_config_yaml(cfg))
     write_json_atomic(out / "comparison.json", comp)
     write_report(comp, figures, out)
     echo(to_markdown([("table", ["comparison", "metric", "first", "second",
                                  "first - second [95% CI]", "verdict"], summary_rows(comp))]))
     echo(f"wrote {out / 'report.md'}, {out / 'report.html'} and {out / 'comparison.json'}")
     return comp
-

@@ -11,7 +11,9 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from es_llm.config import load_yaml_text
 from es_llm.errors import BadInput
+from es_llm.run_folder import recorded_machine
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_-]+(@[A-Za-z0-9_-]+)?$")
 # Sampling settings that must agree between the evaluations of a comparison.
@@ -37,6 +39,10 @@ class SampleSet:
     n: int
     settings: dict
     run: str | None = None
+    # The machine the samples were drawn on (their eval folder's config.yaml) and the model
+    # folder they came from, if recorded.
+    machine: dict | None = None
+    model: str | None = None
 
     @property
     def method(self) -> str:
@@ -62,14 +68,26 @@ def _settings_beside(samples_path: Path) -> dict:
     if not config.is_file():
         return {}
     try:
-        data = yaml.safe_load(config.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise BadInput(f"{config} is not valid YAML ({exc}).") from None
+        data = load_yaml_text(config.read_text(encoding="utf-8")) or {}
+    except (UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise BadInput(f"{config} is not a valid YAML file ({exc}).".replace("\n", " ")) from None
+    if not isinstance(data, dict):
+        raise BadInput(f"{config} must hold a mapping (the config.yaml `es-llm eval` writes).")
     sampling, task = data.get("sampling") or {}, data.get("task") or {}
     out = {k: sampling[k] for k in SETTING_KEYS if k in sampling}
     if "name" in task:
         out["task"] = task["name"]
     return out
+
+
+def _model_beside(samples_path: Path) -> str | None:
+    """The model folder an `es-llm eval` folder sampled (its config.yaml), if recorded."""
+    try:
+        data = load_yaml_text((samples_path.parent / "config.yaml").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    model = data.get("model") if isinstance(data, dict) else None
+    return model if isinstance(model, str) and model else None
 
 
 def _read_rows(path: Path) -> list[dict]:
@@ -137,7 +155,8 @@ def load_samples(name: str, path: str | Path, run: str | None = None) -> SampleS
         answer_keys=tuple(tuple(r.get("answer_key") for r in g) for g in per),
         solution_keys=tuple(tuple(r.get("solution_key") for r in g) for g in per),
         texts=tuple(tuple(str(r["completion"]) for r in g) for g in per),
-        n=n, settings=settings, run=run)
+        n=n, settings=settings, run=run, machine=recorded_machine(src.parent),
+        model=_model_beside(src))
 
 
 def _reorder(s: SampleSet, order: list[int]) -> SampleSet:
@@ -146,7 +165,7 @@ def _reorder(s: SampleSet, order: list[int]) -> SampleSet:
                      prompts=pick(s.prompts), difficulties=pick(s.difficulties),
                      correct=pick(s.correct), answer_keys=pick(s.answer_keys),
                      solution_keys=pick(s.solution_keys), texts=pick(s.texts), n=s.n,
-                     settings=s.settings, run=s.run)
+                     settings=s.settings, run=s.run, machine=s.machine, model=s.model)
 
 
 def align(sets: list[SampleSet]) -> list[SampleSet]:

@@ -29,13 +29,14 @@ from typing import Callable
 
 import torch
 
+from es_llm.config import check_choices, choice
 from es_llm.errors import BadInput
 
 
 @dataclass(frozen=True)
 class DiffusionSampling:
     # Commit rule: low_confidence (fixed steps) or tau_budget (confidence budget).
-    kind: str = "low_confidence"
+    kind: str = choice("low_confidence", lambda: COMMIT_RULES)
     # Canvas length of a completion in tokens (EOS fills what the answer does not use).
     gen_length: int = 64
     # Semi-autoregressive block size; gen_length for one block over the whole canvas.
@@ -48,9 +49,7 @@ class DiffusionSampling:
     budget_m: float = 1.0
 
     def __post_init__(self):
-        if self.kind not in COMMIT_RULES:
-            raise BadInput(f"unknown diffusion sampler {self.kind!r}; valid choices are: "
-                           f"{', '.join(COMMIT_RULES)}.")
+        check_choices(self, "diffusion sampler ")
         if self.gen_length < 1 or self.block_length < 1 or self.gen_length % self.block_length:
             raise BadInput(f"diffusion gen_length ({self.gen_length}) must be a positive "
                            f"multiple of block_length ({self.block_length}).")

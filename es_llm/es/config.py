@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from es_llm.config import check_choices, choice
 from es_llm.errors import BadInput
 from es_llm.es.weights import PARAMETER_FILTERS
 from es_llm.tasks import TaskConfig
+from populations.noise import NOISE_DEVICES
+from populations.optimizers import optimizer_names
+from populations.shaping import shaping_names
 
 
 @dataclass(frozen=True)
@@ -21,17 +25,18 @@ class ESSettings:
     # Mirrored pairs (eps, -eps) share one noise draw.
     antithetic: bool = False
     # Fitness shaping: zscore, centered_rank, group_zscore or raw.
-    shaping: str = "zscore"
+    shaping: str = choice("zscore", shaping_names)
     # Optimizer on the estimate: sgd or adam.
-    optimizer: str = "sgd"
+    optimizer: str = choice("sgd", optimizer_names)
     # Weight decay toward the initial weights (0 = off).
     anchor_decay: float = 0.0
     # Which parameters evolve: all, matrices (ndim >= 2) or regex (names matching param_pattern).
-    params: str = "all"
+    params: str = choice("all", lambda: PARAMETER_FILTERS)
+    # With params=regex: a regular expression searched in each parameter's name.
     param_pattern: str = ""
     # Where noise is drawn: cpu (the same values on every machine) or cuda (much faster on a
     # GPU, but different values, so a run's ledger then replays only on CUDA machines).
-    noise_device: str = "cpu"
+    noise_device: str = choice("cpu", lambda: NOISE_DEVICES)
 
     def __post_init__(self):
         if self.population < 2:
@@ -43,22 +48,13 @@ class ESSettings:
             raise BadInput(f"es.sigma must be > 0, got {self.sigma}.")
         if not self.lr > 0:
             raise BadInput(f"es.lr must be > 0, got {self.lr}.")
-        from populations.optimizers import optimizer_names
-        from populations.shaping import shaping_names
-        if self.shaping not in shaping_names():
-            raise BadInput(f"unknown es.shaping {self.shaping!r}; valid choices are: "
-                           f"{', '.join(shaping_names())}.")
-        if self.optimizer not in optimizer_names():
-            raise BadInput(f"unknown es.optimizer {self.optimizer!r}; valid choices are: "
-                           f"{', '.join(optimizer_names())}.")
-        from populations.noise import check_noise_device
-        try:
-            check_noise_device(self.noise_device)
-        except ValueError as exc:
-            raise BadInput(f"es.noise_device: {exc}.") from None
-        if self.params not in PARAMETER_FILTERS:
-            raise BadInput(f"unknown es.params filter {self.params!r}; valid filters are: "
-                           f"{', '.join(PARAMETER_FILTERS)}.")
+        check_choices(self, "es.")
+        if self.noise_device == "cuda":
+            from populations.noise import check_noise_device
+            try:
+                check_noise_device(self.noise_device)
+            except ValueError as exc:
+                raise BadInput(f"es.noise_device: {exc}.") from None
 
 
 @dataclass(frozen=True)
@@ -68,9 +64,11 @@ class ESRunConfig:
     # Training prompts; a testbed model brings data/<task>_rl.jsonl, used when data is null.
     task: TaskConfig = field(default_factory=TaskConfig)
     es: ESSettings = field(default_factory=ESSettings)
+    # ES iterations (population evaluations and updates) of the whole run.
     iterations: int = 100
     # Prompts per iteration; every member is scored on the same batch (greedy decoding).
     prompts_per_iteration: int = 64
+    # Longest completion of a member, in tokens.
     max_tokens: int = 64
     # The run seed: noise keys, prompt batches.
     seed: int = 0
@@ -79,21 +77,23 @@ class ESRunConfig:
     # Compare a checksum of the weights across ranks every this many iterations.
     checksum_every: int = 5
     # Generation backend of the population: auto (vLLM when installed), hf or vllm.
-    backend: str = "auto"
+    backend: str = choice("auto", lambda: ("auto", "hf", "vllm"))
     # Device of the served model and of the fp32 master copy: cpu or cuda.
-    device: str = "cpu"
+    device: str = choice("cpu", lambda: ("cpu", "cuda"))
     # Dtype of the served model (the master copy is always float32): float32, bfloat16, float16.
-    dtype: str = "float32"
+    dtype: str = choice("float32", lambda: ("float32", "bfloat16", "float16"))
+    # Under MPI: the longest a rank waits in an exchange for another rank (whose evaluation
+    # of its members is part of the wait) before the job is ended, naming the silent rank.
+    comm_timeout_s: float = 300.0
+    # Pin each rank to its own share of its node's cores (from its local rank); false lets
+    # the OS place every rank's threads anywhere.
+    bind_cores: bool = True
 
     def __post_init__(self):
-        if self.backend not in ("auto", "hf", "vllm"):
-            raise BadInput(f"unknown backend {self.backend!r}; valid choices are: auto, hf, vllm.")
-        if self.device not in ("cpu", "cuda"):
-            raise BadInput(f"unknown device {self.device!r}; valid choices are: cpu, cuda.")
-        if self.dtype not in ("float32", "bfloat16", "float16"):
-            raise BadInput(f"unknown dtype {self.dtype!r}; valid choices are: float32, "
-                           f"bfloat16, float16.")
+        check_choices(self)
         for name in ("iterations", "prompts_per_iteration", "max_tokens", "checkpoint_every",
                      "checksum_every"):
             if getattr(self, name) < 1:
                 raise BadInput(f"{name} must be at least 1, got {getattr(self, name)}.")
+        if not self.comm_timeout_s > 0:
+            raise BadInput(f"comm_timeout_s must be > 0 seconds, got {self.comm_timeout_s}.")

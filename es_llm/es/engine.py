@@ -18,11 +18,12 @@ import torch
 from tqdm.auto import tqdm
 
 from es_llm.backends.base import SamplingParams
-from es_llm.config import dump_yaml
+from es_llm.config import run_config_yaml
 from es_llm.errors import BadInput
 from es_llm.es.config import ESRunConfig
 from es_llm.es.weights import ModuleWeights
 from es_llm.io import complete_jsonl_rows, save_hf_checkpoint, write_text_atomic
+from es_llm.run_folder import AppendLog, written
 from es_llm.tasks import Problem
 from populations import es as pes
 from populations.optimizers import OptimizerConfig
@@ -87,7 +88,8 @@ def evaluate_members(edges: Edges, es_cfg: pes.ESConfig, state: pes.ESState, mem
 
             for m in group:
                 edges.weights.perturb(noise, m.sign * cfg.es.sigma)
-                completions = edges.backend.generate(prompts, params)
+                completions = edges.backend.generate(prompts, params,
+                                                     keys=[p.id for p in batch])
                 scores = edges.task.score_many([(p, c[0].text)
                                                 for p, c in zip(batch, completions)])
                 out[m.index] = [s.reward for s in scores]
@@ -128,9 +130,10 @@ def step(edges: Edges, es_cfg: pes.ESConfig, state: pes.ESState, problems: list[
     return state, metrics, ledger
 
 
-def save_checkpoint(edges: Edges, cfg: ESRunConfig, folder: Path) -> None:
+def save_checkpoint(edges: Edges, cfg: ESRunConfig, folder: Path, resume: str) -> None:
     """An HF folder of the current (unperturbed) weights (see ``save_hf_checkpoint``)."""
-    save_hf_checkpoint(edges.model, edges.tokenizer, folder, data_from=cfg.model)
+    with written(folder, resume):
+        save_hf_checkpoint(edges.model, edges.tokenizer, folder, data_from=cfg.model)
 
 
 def check_ranks_agree(edges: Edges, iteration: int) -> None:
@@ -170,14 +173,15 @@ def replay(es_cfg: pes.ESConfig, state: pes.ESState, entries: list[dict]) -> pes
     return state
 
 
-def _open_logs(out: Path, start: int):
+def _open_logs(out: Path, start: int, resume: str):
     """Open metrics and ledger for appending after iteration ``start``, first rewriting
     both (atomically) without anything a killed run left beyond it."""
     metrics = [m for m in complete_jsonl_rows(out / "metrics.jsonl") if m.get("step", start) < start]
     ledger = complete_jsonl_rows(out / "ledger.jsonl")[:start]
-    write_text_atomic(out / "metrics.jsonl", "".join(json.dumps(m) + "\n" for m in metrics))
-    write_text_atomic(out / "ledger.jsonl", "".join(json.dumps(e) + "\n" for e in ledger))
-    return open(out / "metrics.jsonl", "a"), open(out / "ledger.jsonl", "a")
+    for name, rows in (("metrics.jsonl", metrics), ("ledger.jsonl", ledger)):
+        with written(out / name, resume):
+            write_text_atomic(out / name, "".join(json.dumps(r) + "\n" for r in rows))
+    return AppendLog(out / "metrics.jsonl", resume), AppendLog(out / "ledger.jsonl", resume)
 
 
 def run(cfg: ESRunConfig, edges: Edges, problems: list[Problem], out: Path,
@@ -191,10 +195,12 @@ def run(cfg: ESRunConfig, edges: Edges, problems: list[Problem], out: Path,
         state = replay(es_cfg, state, read_ledger(out))
         edges.weights.set_master(state.params)
     edges.comm.barrier()  # every rank has read the ledger before rank 0 rewrites it
+    again = f"es-llm es --resume {out}"
     if lead:
         out.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(out / "config.yaml", dump_yaml(cfg))
-        metrics_f, ledger_f = _open_logs(out, state.iteration)
+        with written(out / "config.yaml", again):
+            write_text_atomic(out / "config.yaml", run_config_yaml(cfg))
+        metrics_f, ledger_f = _open_logs(out, state.iteration, again)
     bar = tqdm(range(state.iteration, cfg.iterations), desc="es", unit="iter",
                disable=not (progress and lead), initial=state.iteration, total=cfg.iterations)
     for it in bar:
@@ -203,16 +209,14 @@ def run(cfg: ESRunConfig, edges: Edges, problems: list[Problem], out: Path,
             check_ranks_agree(edges, it)
         if lead:
             metrics_f.write(json.dumps({"step": it, **metrics}) + "\n")
-            metrics_f.flush()
             ledger_f.write(json.dumps(ledger) + "\n")
-            ledger_f.flush()
             bar.write(f"iter {it:4d}  reward {metrics['es/reward_mean']:.4f} "
                       f"(max {metrics['es/reward_max']:.4f})  update {metrics['es/update_norm']:.3e}"
                       f"  {metrics['perf/iter_s']:.1f} s")
             if (it + 1) % cfg.checkpoint_every == 0 and it + 1 < cfg.iterations:
-                save_checkpoint(edges, cfg, out / "checkpoints" / f"step_{it + 1}")
+                save_checkpoint(edges, cfg, out / "checkpoints" / f"step_{it + 1}", again)
     if lead:
-        save_checkpoint(edges, cfg, out / "checkpoints" / "final")
+        save_checkpoint(edges, cfg, out / "checkpoints" / "final", again)
         metrics_f.close()
         ledger_f.close()
     edges.comm.barrier()

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from es_llm.backends import require_vllm
 from es_llm.backends.diffusion import DiffusionBackend, is_diffusion_model
 from es_llm.backends.vllm_backend import vllm_available
+from es_llm.comm.placement import place_rank
 from es_llm.errors import BadInput
 from es_llm.es.config import ESRunConfig
 from es_llm.es.engine import Edges
@@ -30,8 +29,7 @@ def build_edges(cfg: ESRunConfig, comm) -> tuple[Edges, list]:
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise BadInput("device 'cuda' was asked for but torch sees no CUDA device; use "
                        "device=cpu.")
-    # Ranks share the machine's cores; one rank gets them all.
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // comm.size))
+    place_rank(comm.local_rank, comm.local_size, cfg.device, cfg.bind_cores)
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)
     diffusion = is_diffusion_model(cfg.model)
     if diffusion and cfg.backend == "vllm":

@@ -18,12 +18,12 @@ import re
 from typing import Sequence
 
 from es_llm.errors import BadInput
-from es_llm.tasks.base import InProcessTask, Problem, Score
+from es_llm.tasks.base import (MAX_COMPLETION_CHARS, InProcessTask, Problem, Score,
+                               answer_blocks, too_long)
 from es_llm.tasks.loading import load_records, record_id
 from es_llm.tasks.registry import (TaskConfig, check_tiers, combine_reward, data_path,
                                    distinct_problems, keep_first, register_task)
 
-_ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 # An integer not glued to a digit before it, so the "-2" of "23-2" is read as "2".
 _LAST_INT_RE = re.compile(r"(?<![0-9])-?[0-9]+")
 
@@ -74,22 +74,30 @@ def generate(rng: random.Random, num_operands: int, *,
     return problem, " ".join(steps) + f" <answer>{value}</answer>"
 
 
-def extract_answer(completion: str) -> tuple[str | None, bool]:
+def extract_answer(completion: str, require_tag: bool = False) -> tuple[str | None, bool]:
     """The answer text and whether it came from ``<answer>`` tags.
 
-    The last ``<answer>`` block wins; without one, the last integer in the completion.
+    The last ``<answer>`` block wins; without one, the last integer in the completion
+    (nothing with ``require_tag``).
     """
-    blocks = _ANSWER_RE.findall(completion)
+    blocks = answer_blocks(completion)
     if blocks:
         return blocks[-1].strip(), True
+    if require_tag:
+        return None, False
     found = _LAST_INT_RE.findall(completion)
     return (found[-1] if found else None), False
 
 
 def score_completion(gold: int, completion: str, *, format_weight: float = 0.0,
-                     max_digits: int = 32) -> Score:
-    """Score an arithmetic completion: correct iff its answer is the integer ``gold``."""
-    text, format_ok = extract_answer(completion)
+                     max_digits: int = 32, require_answer_tag: bool = False,
+                     max_completion_chars: int = MAX_COMPLETION_CHARS) -> Score:
+    """Score an arithmetic completion: correct iff its answer is the integer ``gold``
+    (``require_answer_tag``: only an answer inside ``<answer>`` tags counts)."""
+    refused = too_long(completion, max_completion_chars)
+    if refused is not None:
+        return refused
+    text, format_ok = extract_answer(completion, require_answer_tag)
     base = {"answer": text, "format_ok": format_ok,
             "solution_key": " ".join(completion.split())}
     if text is None:
@@ -154,9 +162,10 @@ class ArithmeticTask(InProcessTask):
     def _score(self, problem: Problem, completion: str) -> Score:
         return score_completion(int(problem.gold), completion,
                                 format_weight=self.cfg.format_weight,
-                                max_digits=self._max_digits)
+                                max_digits=self._max_digits,
+                                require_answer_tag=self.cfg.require_answer_tag)
 
 
-@register_task("arithmetic")
+@register_task("arithmetic", answer_tag=True)
 def _build(cfg: TaskConfig) -> ArithmeticTask:
     return ArithmeticTask(cfg)

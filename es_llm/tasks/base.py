@@ -10,6 +10,33 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
+# Completions longer than this score 0 before any parsing. A model's completions are far
+# shorter (they are cut at max_tokens); scoring runs in-process inside ES and GRPO with no
+# timeout, so no input may make it slow.
+MAX_COMPLETION_CHARS = 16_384
+
+
+def answer_blocks(text: str, open_tag: str = "<answer>", close_tag: str = "</answer>"
+                  ) -> list[str]:
+    """The contents of the ``<answer>...</answer>`` blocks of ``text``, left to right.
+
+    The same blocks as ``re.findall(r"<answer>(.*?)</answer>", text, re.DOTALL)`` (each
+    block opens at the first opening tag after the previous block and closes at the first
+    closing tag after that), found in time linear in ``len(text)``: the regex retries every
+    opening tag that has no closing tag after it, which takes quadratic time on many
+    unclosed openings.
+    """
+    blocks, pos = [], 0
+    while True:
+        start = text.find(open_tag, pos)
+        if start < 0:
+            return blocks
+        end = text.find(close_tag, start + len(open_tag))
+        if end < 0:
+            return blocks
+        blocks.append(text[start + len(open_tag):end])
+        pos = end + len(close_tag)
+
 
 @dataclass(frozen=True)
 class Problem:
@@ -54,6 +81,15 @@ class Score:
             "solution_key": self.solution_key,
             "error": self.error,
         }
+
+
+def too_long(completion: str, limit: int = MAX_COMPLETION_CHARS) -> Score | None:
+    """A zero score for a completion longer than ``limit`` characters, else None; tasks
+    check this before parsing anything."""
+    if len(completion) <= limit:
+        return None
+    return Score(reward=0.0, correct=False,
+                 error=f"completion too long ({len(completion)} chars > {limit})")
 
 
 class Task(Protocol):

@@ -61,7 +61,8 @@ import chess
 import chess.syzygy
 
 from es_llm.errors import BadInput
-from es_llm.tasks.base import InProcessTask, Problem, Score
+from es_llm.tasks.base import (MAX_COMPLETION_CHARS, InProcessTask, Problem, Score,
+                               too_long)
 from es_llm.tasks.countdown import extract_answer
 from es_llm.tasks.loading import load_records, record_id
 from es_llm.tasks.registry import (TaskConfig, check_tiers, combine_reward, data_path,
@@ -507,10 +508,15 @@ def is_correct(board: chess.Board, kind: str, move: chess.Move,
 
 def score_completion(gold: dict, completion: str, *, format_weight: float = 0.0,
                      tablebase: chess.syzygy.Tablebase | None = None,
-                     max_chars: int = MAX_ANSWER_CHARS) -> Score:
+                     max_chars: int = MAX_ANSWER_CHARS, require_answer_tag: bool = False,
+                     max_completion_chars: int = MAX_COMPLETION_CHARS) -> Score:
     """Score a completion of the puzzle ``gold`` (``{"fen", "kind"}``); ``tablebase`` serves
-    ``win`` puzzles (default ``shared_tablebase()``). Bad answers: reward 0 and an error."""
-    text, format_ok = extract_answer(completion)
+    ``win`` puzzles (default ``shared_tablebase()``). Bad answers: reward 0 and an error;
+    ``require_answer_tag``: only an answer inside ``<answer>`` tags counts."""
+    refused = too_long(completion, max_completion_chars)
+    if refused is not None:
+        return refused
+    text, format_ok = extract_answer(completion, require_answer_tag)
     failed = {"reward": combine_reward(False, format_ok, format_weight), "correct": False,
               "answer": text, "format_ok": format_ok}
     if not text:
@@ -614,7 +620,8 @@ class ChessTask(InProcessTask):
     def _score(self, problem: Problem, completion: str) -> Score:
         tablebase = self._tablebase() if problem.gold["kind"] == "win" else None
         return score_completion(problem.gold, completion, format_weight=self.cfg.format_weight,
-                                tablebase=tablebase, max_chars=self._max_chars)
+                                tablebase=tablebase, max_chars=self._max_chars,
+                                require_answer_tag=self.cfg.require_answer_tag)
 
     def close(self) -> None:
         """Close the task's tablebase files (reopened if the task is used again)."""
@@ -623,6 +630,6 @@ class ChessTask(InProcessTask):
             self._tb = None
 
 
-@register_task("chess")
+@register_task("chess", answer_tag=True)
 def _build(cfg: TaskConfig) -> ChessTask:
     return ChessTask(cfg)

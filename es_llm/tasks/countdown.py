@@ -6,7 +6,15 @@ admits ``**`` (``44**19**35`` hangs the process). Here nothing from the model is
 evaluated by Python: the answer is parsed with ``ast.parse`` under a length cap, only
 ``+ - * /`` over plain decimal integer literals is accepted, the literals must be exactly the
 given numbers, and the value is computed with exact ``fractions.Fraction`` arithmetic. The
-work is therefore bounded by the number of given numbers, so no timeout is needed.
+work is therefore bounded by the number of given numbers, so no timeout is needed; a
+completion longer than ``MAX_COMPLETION_CHARS`` scores 0 before any parsing, and the answer
+tags are found in one linear scan.
+
+By default an answer outside ``<answer>`` tags (the last line, or the text after an unclosed
+tag) still counts as correct, with ``format_ok`` false. ``require_answer_tag`` counts only the
+last closed block with the ES paper's character rule (digits, ``+ - * / ( )`` and spaces), so
+the verdict is the paper's answer reward (``countdown/countdown_task.py`` of Qiu et al.
+2025) except that ``**``, ``//`` and unary signs, which that code hands to ``eval``, score 0.
 
 Problems come from a file (the ES-paper ``countdown.json``, or the project's JSONL with
 ``id, prompt, numbers, target, difficulty``) or from ``generate``, which also writes a worked
@@ -26,7 +34,8 @@ from fractions import Fraction
 from typing import Sequence, Union
 
 from es_llm.errors import BadInput
-from es_llm.tasks.base import InProcessTask, Problem, Score
+from es_llm.tasks.base import (MAX_COMPLETION_CHARS, InProcessTask, Problem, Score,
+                               answer_blocks, too_long)
 from es_llm.tasks.loading import load_records, record_id
 from es_llm.tasks.registry import (TaskConfig, check_tiers, combine_reward, data_path,
                                    distinct_problems, keep_first, register_task)
@@ -34,9 +43,14 @@ from es_llm.tasks.registry import (TaskConfig, check_tiers, combine_reward, data
 # An expression tree: a leaf number, or (operator, left, right) with operator in "+-*/".
 Tree = Union[int, tuple]
 
-_ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _BAD_CHAR_RE = re.compile(r"[^0-9+\-*/()\s]")
 _OPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/"}
+# The ES paper's whitelist for a tagged answer: ``re.match(r"^[0-9+\-*/() ]+$", block)``,
+# whose ``$`` also matches before one final newline.
+_PAPER_CHARS_RE = re.compile(r"[0-9+\-*/() ]+\n?")
+# The largest given number the verifier can match: answers are plain decimal literals of at
+# most this many digits (negative numbers cannot be written without a unary sign).
+MAX_NUMBER_DIGITS = 6
 
 
 class _Rejected(Exception):
@@ -122,16 +136,19 @@ def leaves(tree: Tree) -> list[int]:
 # Parsing model answers (never evaluated by Python)
 # ---------------------------------------------------------------------------------------------
 
-def extract_answer(completion: str) -> tuple[str | None, bool]:
+def extract_answer(completion: str, require_tag: bool = False) -> tuple[str | None, bool]:
     """The answer text of a completion and whether it sat in ``<answer>`` tags.
 
     The last ``<answer>...</answer>`` block wins. Without one, the last non-empty line is the
     answer (format_ok False); if that line holds an unclosed ``<answer>`` (a truncated
-    completion), the text after it is used.
+    completion), the text after it is used. With ``require_tag`` there is no fallback: no
+    closed block means no answer.
     """
-    blocks = _ANSWER_RE.findall(completion)
+    blocks = answer_blocks(completion)
     if blocks:
         return blocks[-1].strip(), True
+    if require_tag:
+        return None, False
     lines = [ln.strip() for ln in completion.splitlines() if ln.strip()]
     if not lines:
         return None, False
@@ -141,7 +158,8 @@ def extract_answer(completion: str) -> tuple[str | None, bool]:
     return (line or None), False
 
 
-def parse_expression(text: str, *, max_chars: int = 256, max_literal_digits: int = 6) -> Tree:
+def parse_expression(text: str, *, max_chars: int = 256,
+                     max_literal_digits: int = MAX_NUMBER_DIGITS) -> Tree:
     """Parse ``text`` into a Tree, accepting only ``+ - * /`` over decimal int literals.
 
     Raises ``_Rejected`` with a short reason for anything else (including ``**``, ``//``,
@@ -187,19 +205,31 @@ def _to_tree(node: ast.AST, source: str, max_digits: int) -> Tree:
 
 def score_completion(numbers: Sequence[int], target: int | float, completion: str, *,
                      format_weight: float = 0.0, max_chars: int = 256,
-                     max_literal_digits: int = 6, tolerance: float = 1e-5) -> Score:
+                     max_literal_digits: int = MAX_NUMBER_DIGITS, tolerance: float = 1e-5,
+                     require_answer_tag: bool = False,
+                     max_completion_chars: int = MAX_COMPLETION_CHARS) -> Score:
     """Score a Countdown completion; never raises.
 
     Correct iff the answer uses each given number exactly once and its exact value equals
     ``target``. A non-integer target (a rounded decimal in some files) is matched within
     ``tolerance``, as TinyZero and the ES-paper code do for every target. ``answer_key`` is
     the answer re-rendered with minimal parentheses (so ``((3+4))`` and ``3+4`` vote
-    together); ``solution_key`` is ``solution_key(tree)``.
+    together); ``solution_key`` is ``solution_key(tree)``. ``require_answer_tag``: the ES
+    paper's rule, only a closed ``<answer>`` block whose text is digits, operators,
+    parentheses and spaces (see the module docstring).
     """
-    text, format_ok = extract_answer(completion)
+    refused = too_long(completion, max_completion_chars)
+    if refused is not None:
+        return refused
+    text, format_ok = extract_answer(completion, require_answer_tag)
     if text is None:
         return Score(reward=combine_reward(False, format_ok, format_weight), correct=False,
                      answer=None, format_ok=format_ok, error="no answer")
+    if require_answer_tag and not _PAPER_CHARS_RE.fullmatch(answer_blocks(completion)[-1]):
+        return Score(reward=combine_reward(False, format_ok, format_weight), correct=False,
+                     answer=text, format_ok=format_ok,
+                     error="disallowed characters for the tagged answer (digits, + - * / ( ) "
+                           "and spaces only)")
     try:
         tree = parse_expression(text, max_chars=max_chars, max_literal_digits=max_literal_digits)
     except _Rejected as exc:
@@ -341,13 +371,20 @@ def _target(value, path, index: int) -> int | float:
 
 
 def _numbers(value, path, index: int) -> list[int]:
+    numbers = None
     if isinstance(value, (list, tuple)) and value:
         try:
-            return [_integer(v, path, index) for v in value]
+            numbers = [_integer(v, path, index) for v in value]
         except BadInput:
             pass
-    raise BadInput(f"data file {str(path)!r}: record {index} has numbers {value!r}; numbers "
-                   f"must be a non-empty list of integers.")
+    # A number the verifier can never see written (negative, or longer than its literal
+    # limit) would make the problem unsolvable: refuse it here rather than score it 0.
+    if numbers is None or any(not 0 <= n < 10 ** MAX_NUMBER_DIGITS for n in numbers):
+        raise BadInput(f"data file {str(path)!r}: record {index} has numbers {value!r}; numbers "
+                       f"must be a non-empty list of integers from 0 to "
+                       f"{10 ** MAX_NUMBER_DIGITS - 1} (an answer writes each as a plain "
+                       f"literal of at most {MAX_NUMBER_DIGITS} digits).")
+    return numbers
 
 
 # ---------------------------------------------------------------------------------------------
@@ -360,14 +397,14 @@ class CountdownTask(InProcessTask):
     name = "countdown"
 
     def __init__(self, cfg: TaskConfig, *, min_number: int = 1, max_number: int | None = None,
-                 max_target: int = 99, max_answer_chars: int = 256,
-                 max_literal_digits: int = 6):
+                 max_target: int = 99, max_answer_chars: int = 256):
         tiers = cfg.tiers or (2, 3, 4)
         check_tiers("countdown", tiers, 2, 8)
         self.cfg, self._tiers = cfg, tiers
         self._gen = {"min_number": min_number, "max_number": max_number,
                      "max_target": max_target}
-        self._limits = {"max_chars": max_answer_chars, "max_literal_digits": max_literal_digits}
+        self._limits = {"max_chars": max_answer_chars,
+                        "require_answer_tag": cfg.require_answer_tag}
         self._problems: list[Problem] | None = None
 
     def problems(self) -> list[Problem]:
@@ -388,6 +425,6 @@ class CountdownTask(InProcessTask):
                                 format_weight=self.cfg.format_weight, **self._limits)
 
 
-@register_task("countdown")
+@register_task("countdown", answer_tag=True)
 def _build(cfg: TaskConfig) -> CountdownTask:
     return CountdownTask(cfg)

@@ -2,16 +2,21 @@
 
 Files are read with the ``datasets`` library in offline mode (local files only, never the
 Hub). Where ``datasets`` fails or would change values (JSON fields whose type varies between
-records), the standard library (JSON) or pyarrow (parquet) reads the file instead. Every
-failure a user can fix (missing file, unreadable file, records without a field
-the task needs) becomes a ``BadInput`` whose message names the file, the missing field and
-the fields the file does have.
+records), the standard library (JSON) or pyarrow (parquet) reads the file instead. With a
+``limit``, only the records it keeps are read: the first lines of a JSON Lines file, the
+first row batches of a parquet file. The Arrow copy ``datasets`` makes of a file goes to a
+temporary folder that is removed after reading, not to the user's cache, unless
+``HF_DATASETS_CACHE`` names a cache to use. Every failure a user can fix (missing file,
+unreadable file, records without a field the task needs) becomes a ``BadInput`` whose
+message names the file, the missing field and the fields the file does have.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Mapping
 
@@ -49,8 +54,11 @@ def load_records(
 
 
 def _read(path: Path, fmt: str, limit: int | None) -> list[dict]:
+    if limit is not None:
+        return _read_parquet_pyarrow(path, limit) if fmt == "parquet" else \
+            _read_json_stdlib(path, limit)
     try:
-        records = _read_with_datasets(path, fmt, limit)
+        records = _read_with_datasets(path, fmt)
     except Exception:  # noqa: BLE001 - any library failure is retried below
         # `datasets` can fail where a plain reader would not: it infers one Arrow type per
         # column, and it needs a writable cache directory. Retry without it; a file that
@@ -61,17 +69,24 @@ def _read(path: Path, fmt: str, limit: int | None) -> list[dict]:
     return _read_parquet_pyarrow(path) if fmt == "parquet" else _read_json_stdlib(path)
 
 
-def _read_parquet_pyarrow(path: Path) -> list[dict]:
+def _read_parquet_pyarrow(path: Path, limit: int | None = None) -> list[dict]:
     try:
         import pyarrow.parquet as pq
 
-        return pq.read_table(path).to_pylist()
+        if limit is None:
+            return pq.read_table(path).to_pylist()
+        rows: list[dict] = []
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=max(1, min(limit, 65536))):
+            rows += batch.to_pylist()
+            if len(rows) >= limit:
+                break
+        return rows[:limit]
     except Exception as exc:  # noqa: BLE001 - whatever pyarrow raises, the file is unusable
         raise BadInput(f"data file {str(path)!r} could not be read as parquet: "
                        f"{_short(exc)}") from exc
 
 
-def _read_with_datasets(path: Path, fmt: str, limit: int | None) -> list[dict] | None:
+def _read_with_datasets(path: Path, fmt: str) -> list[dict] | None:
     # Offline mode must be set before `datasets` is first imported; local files never need
     # the Hub, and a stray network attempt on an offline machine would only add a long wait.
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -83,35 +98,51 @@ def _read_with_datasets(path: Path, fmt: str, limit: int | None) -> list[dict] |
     datasets.disable_progress_bars()
     # Its own error log of a failed read would duplicate the BadInput (or the fallback).
     ds_logging.set_verbosity(ds_logging.CRITICAL)
+    scratch = None if os.environ.get("HF_DATASETS_CACHE") else \
+        tempfile.mkdtemp(prefix="es-llm-datasets-")
     try:
-        ds = datasets.load_dataset(fmt, data_files=str(path), split="train")
+        ds = datasets.load_dataset(fmt, data_files=str(path), split="train", cache_dir=scratch)
+        # A JSON field whose type changes between records becomes a `Json` column, which
+        # decodes strings that look like JSON ("5" comes back as 5, "025" would too): values
+        # must arrive as written, so such files go to the standard-library reader instead.
+        json_feature = getattr(datasets, "Json", None)
+        if json_feature is not None and any(isinstance(f, json_feature)
+                                            for f in ds.features.values()):
+            return None
+        return ds.to_list()
     finally:
         # Restore the library's settings: reading a file must not change how others log.
         ds_logging.set_verbosity(verbosity)
         if not bars_were_off:
             datasets.enable_progress_bars()
-    # A JSON field whose type changes between records becomes a `Json` column, which
-    # decodes strings that look like JSON ("5" comes back as 5, "025" would too): values
-    # must arrive as written, so such files go to the standard-library reader instead.
-    json_feature = getattr(datasets, "Json", None)
-    if json_feature is not None and any(isinstance(f, json_feature)
-                                        for f in ds.features.values()):
-        return None
-    if limit is not None and limit < len(ds):
-        ds = ds.select(range(limit))
-    return ds.to_list()
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _read_json_stdlib(path: Path) -> list[dict]:
+def _json_lines(path: Path, limit: int | None):
+    """The records of a JSON Lines file in order, reading no further than ``limit`` of
+    them."""
+    count = 0
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, start=1):
+            if limit is not None and count >= limit:
+                return
+            if line.strip():
+                count += 1
+                yield _decode(path, line, f"line {n}")
+
+
+def _read_json_stdlib(path: Path, limit: int | None = None) -> list[dict]:
     try:
-        text = path.read_text(encoding="utf-8")
+        with open(path, encoding="utf-8") as f:
+            array = f.read(4096).lstrip().startswith("[")
+        if array:
+            records = _decode(path, path.read_text(encoding="utf-8"), "the JSON array")
+            records = records[:limit] if isinstance(records, list) else records
+        else:
+            records = list(_json_lines(path, limit))
     except (OSError, UnicodeDecodeError) as exc:
         raise BadInput(f"data file {str(path)!r} could not be read: {_short(exc)}") from exc
-    if text.lstrip().startswith("["):
-        records = _decode(path, text, "the JSON array")
-    else:
-        records = [_decode(path, line, f"line {n}")
-                   for n, line in enumerate(text.splitlines(), start=1) if line.strip()]
     bad = next((i for i, r in enumerate(records) if not isinstance(r, dict)), None)
     if bad is not None:
         raise BadInput(f"data file {str(path)!r}: record {bad} is not a JSON object; every "

@@ -13,10 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path, PurePath
 from typing import Callable
 
+from es_llm.config import choice
 from es_llm.errors import BadInput
 from es_llm.tasks.base import Problem, Task
 
 _BUILDERS: dict[str, Callable[["TaskConfig"], Task]] = {}
+# Tasks whose answers sit in <answer> tags (so task.require_answer_tag means something).
+_TAGGED: set[str] = set()
 
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
 
@@ -31,7 +34,7 @@ class TaskConfig:
     """
 
     # Registered task name: countdown, arithmetic, math, humaneval, pyfunc or chess.
-    name: str = "countdown"
+    name: str = choice("countdown", lambda: task_names())
     # A local .jsonl / .json / .parquet file of problems; None = the task's generator.
     data: str | None = None
     # Keep only the first N problems (of the file or of the generated list).
@@ -47,6 +50,9 @@ class TaskConfig:
     timeout_s: float = 5.0
     # Share of the reward given for a well-formed answer, in [0, 1).
     format_weight: float = 0.0
+    # Tasks with <answer> tags (countdown, arithmetic, chess): count an answer only inside a
+    # closed tag, as the ES paper's Countdown reward does; false also accepts the last line.
+    require_answer_tag: bool = False
     # Code tasks: programs judged at once in the sandbox pool (0 = twice the CPU count).
     workers: int = 0
     # Code tasks: run model-written programs WITHOUT the bubblewrap sandbox (limits only).
@@ -92,6 +98,13 @@ class TaskConfig:
         if not (_is_number(self.format_weight) and 0 <= self.format_weight < 1):
             raise BadInput(f"task.format_weight must lie in [0, 1) (0 = reward correctness "
                            f"only), got {self.format_weight!r}.")
+        if not isinstance(self.require_answer_tag, bool):
+            raise BadInput(f"task.require_answer_tag must be true or false, got "
+                           f"{self.require_answer_tag!r}.")
+        if self.require_answer_tag and self.name not in _TAGGED:
+            raise BadInput(f"task.require_answer_tag is for tasks whose answers sit in "
+                           f"<answer> tags ({', '.join(sorted(_TAGGED))}); task {self.name!r} "
+                           f"has none, so leave it false.")
 
 
 def _is_int(x) -> bool:
@@ -102,13 +115,16 @@ def _is_number(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and not math.isnan(x)
 
 
-def register_task(name: str):
-    """Decorator registering ``fn(cfg: TaskConfig) -> Task`` under ``name``."""
+def register_task(name: str, answer_tag: bool = False):
+    """Decorator registering ``fn(cfg: TaskConfig) -> Task`` under ``name``; ``answer_tag``:
+    the task reads its answers from ``<answer>`` tags and honours ``require_answer_tag``."""
 
     def decorator(fn: Callable[[TaskConfig], Task]):
         if name in _BUILDERS and _BUILDERS[name] is not fn:
             raise ValueError(f"task {name!r} is already registered")
         _BUILDERS[name] = fn
+        if answer_tag:
+            _TAGGED.add(name)
         return fn
 
     return decorator

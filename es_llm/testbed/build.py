@@ -4,10 +4,10 @@ its fingerprint, report its pass@k, and copy it where the user asked.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
-import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -17,7 +17,10 @@ import torch
 from es_llm.backends.base import SamplingParams
 from es_llm.config import dump_yaml, to_dict
 from es_llm.errors import BadInput
-from es_llm.io import replace_dir_atomic, write_json_atomic, write_jsonl_atomic, write_text_atomic
+from es_llm.machine import machine_info, machine_kind
+from es_llm.run_folder import check_out_path
+from es_llm.io import (make_temp_dir, replace_dir_atomic, share_tree, write_json_atomic,
+                       write_jsonl_atomic, write_text_atomic)
 from es_llm.testbed.config import DOMAINS, TestbedConfig
 from es_llm.testbed.teachers import build_weak_pair, save_model
 from es_llm.testbed.tokenizer import build_tokenizer
@@ -86,7 +89,7 @@ def _build_into(tmp: Path, cfg: TestbedConfig, progress: bool, echo) -> dict:
     train_s = time.perf_counter() - t0
     report = _report(tmp, tmp, cfg, progress)
     info = {"size": cfg.size, "fingerprint": cfg.fingerprint(), "parameters": _count_params(model),
-            "train": stats, "build_s": round(train_s, 1),
+            "machine": machine_info(), "train": stats, "build_s": round(train_s, 1),
             "held_out": {k: len(v) for k, v in sets.items()}, "report": report,
             "config": to_dict(cfg)}
     write_text_atomic(tmp / "testbed.yaml", dump_yaml(cfg))
@@ -246,28 +249,47 @@ def _with_extras(student: Path, cfg: TestbedConfig, progress: bool, echo) -> Pat
 def check_out_dir(out: Path) -> None:
     """Refuse an --out that replacing would destroy: a file, or a folder that is neither empty
     nor an earlier testbed build."""
-    if out.exists() and not out.is_dir():
-        raise BadInput(f"--out {str(out)!r} exists and is not a directory; give a new path or "
-                       f"an earlier testbed folder to replace.")
+    check_out_path(out)
     if out.is_dir() and any(out.iterdir()) and not (out / "testbed.json").is_file():
         raise BadInput(f"--out {str(out)!r} is a non-empty folder that is not a testbed build; "
                        f"it would be replaced, so give a new or empty path instead.")
 
 
 def _cached(folder: Path, what: str, build, echo) -> Path:
-    """``folder`` if it holds a finished build, else ``build(tmp)`` moved there atomically."""
+    """``folder`` if it holds a finished build, else ``build(tmp)`` moved there atomically.
+
+    One process builds a key at a time: the builder holds an exclusive lock on
+    ``.<key>.lock`` beside it, so a second process asking for the same key waits and then
+    reuses the finished build. Holding the lock, the builder also removes the staging
+    folders (``.<key>.<random>``) that builders killed mid-build left behind; the kernel
+    releases a dead process's lock.
+    """
     if (folder / "testbed.json").is_file():
         echo(f"{what} found in cache: {folder}")
         return folder
-    echo(f"building {what} ({folder.name})")
     folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}."))
-    try:
-        build(tmp)
-        replace_dir_atomic(tmp, folder)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    lock = folder.parent / f".{folder.name}.lock"
+    with open(lock, "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            echo(f"waiting for another process that is building {what} ({folder.name})")
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        if (folder / "testbed.json").is_file():
+            echo(f"{what} found in cache: {folder}")
+            return folder
+        for stale in folder.parent.glob(f".{folder.name}.*"):
+            if stale != lock:
+                shutil.rmtree(stale, ignore_errors=True)
+        echo(f"building {what} ({folder.name})")
+        tmp = make_temp_dir(folder.parent, f".{folder.name}.")
+        try:
+            build(tmp)
+            share_tree(tmp)
+            replace_dir_atomic(tmp, folder)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     return folder
 
 
@@ -287,9 +309,10 @@ def build_testbed(cfg: TestbedConfig, out: str | Path | None = None, progress: b
     if out is not None and Path(out).resolve() != cached.resolve():
         target = Path(out)
         target.resolve().parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(dir=target.resolve().parent, prefix=f".{target.name}."))
+        staging = make_temp_dir(target.resolve().parent, f".{target.name}.")
         try:
             shutil.copytree(cached, staging, dirs_exist_ok=True)
+            share_tree(staging)
             replace_dir_atomic(staging, target)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
@@ -303,6 +326,7 @@ def describe(path: Path, info: dict) -> str:
     lines = [f"testbed '{info['size']}' at {path}",
              f"  parameters {info['parameters']:,}  build {info['build_s']} s  "
              f"final loss {info['train']['final_loss']:.3f}",
+             f"  built on {machine_kind(info.get('machine') or {}) or 'an unrecorded machine'}",
              f"  held-out countdown: pass@1 {r['pass@1']:.3f}  {top} {r[top]:.3f} "
              f"(n={r['samples']}, T={r['temperature']})"]
     for tier, m in sorted(r.get("by_difficulty", {}).items(), key=lambda kv: int(kv[0])):

@@ -11,13 +11,21 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from es_llm.config import load_config, to_dict
+from es_llm.config import check_choices, choice, load_config, to_dict
 from es_llm.diffusion.sampler import DiffusionSampling
 from es_llm.errors import BadInput
 
 SIZES = ("ci", "default")
 # Domain model sections of the config and the task each one learns.
 DOMAINS = {"code": "pyfunc", "chess": "chess"}
+
+
+def _at_least(owner: str, obj, minimum, *names: str) -> None:
+    """BadInput unless every field ``names`` of ``obj`` is at least ``minimum``."""
+    for name in names:
+        value = getattr(obj, name)
+        if value is not None and not value >= minimum:
+            raise BadInput(f"{owner}.{name} must be at least {minimum}, got {value!r}.")
 
 
 @dataclass(frozen=True)
@@ -33,6 +41,8 @@ class ModelShape:
     max_positions: int = 256
 
     def __post_init__(self):
+        _at_least("model", self, 1, "hidden_size", "num_layers", "num_heads", "num_kv_heads",
+                  "intermediate_size", "max_positions")
         if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
             raise BadInput(f"model shape: hidden_size ({self.hidden_size}) must be divisible by "
                            f"num_heads ({self.num_heads}), and num_heads by num_kv_heads "
@@ -65,6 +75,19 @@ class DataMix:
     rl_pool_per_tier: int = 0
 
     def __post_init__(self):
+        _at_least("data", self, 1, "countdown_max_number", "countdown_max_target",
+                  "eval_per_tier")
+        _at_least("data", self, 0, "rl_per_tier", "rl_pool_per_tier")
+        if not self.countdown_tiers or any(not 2 <= t <= 8 for t in self.countdown_tiers):
+            raise BadInput(f"data.countdown_tiers must be a non-empty list of numbers from 2 "
+                           f"to 8 (how many numbers a problem gives), got "
+                           f"{list(self.countdown_tiers)}.")
+        if any(not 2 <= t <= 8 for t in self.arithmetic_tiers):
+            raise BadInput(f"data.arithmetic_tiers must be numbers of operands from 2 to 8, "
+                           f"got {list(self.arithmetic_tiers)}.")
+        if any(not w >= 0 for w in self.countdown_weights) or not sum(self.countdown_weights) > 0:
+            raise BadInput(f"data.countdown_weights must be non-negative with a positive sum, "
+                           f"got {list(self.countdown_weights)}.")
         if len(self.countdown_tiers) != len(self.countdown_weights):
             raise BadInput("data.countdown_tiers and data.countdown_weights must have the same "
                            f"length, got {len(self.countdown_tiers)} and {len(self.countdown_weights)}.")
@@ -74,13 +97,22 @@ class DataMix:
 
 @dataclass(frozen=True)
 class TrainSchedule:
+    # Optimizer steps of pretraining, each on a batch of this many freshly drawn examples.
     steps: int = 3000
     batch_size: int = 64
+    # AdamW's peak learning rate, reached after a linear warmup of warmup_steps (then
+    # cosine decay), and its weight decay.
     lr: float = 2e-3
     warmup_steps: int = 100
     weight_decay: float = 0.01
     # Torch threads for training (0 = torch's default).
     threads: int = 0
+
+    def __post_init__(self):
+        _at_least("train", self, 1, "steps", "batch_size")
+        _at_least("train", self, 0, "warmup_steps", "weight_decay", "threads")
+        if not self.lr > 0:
+            raise BadInput(f"train.lr must be > 0, got {self.lr}.")
 
 
 @dataclass(frozen=True)
@@ -124,11 +156,14 @@ class Teachers:
     # Samples per held-out problem for each teacher's pass@1 in testbed.json.
     report_samples: int = 4
 
+    def __post_init__(self):
+        _at_least("teachers", self, 1, "report_samples")
+
 
 @dataclass(frozen=True)
 class EncoderShape:
     # The diffusion model's encoder: bert or modernbert; width, depth, heads, MLP width.
-    arch: str = "bert"
+    arch: str = choice("bert", lambda: ("bert", "modernbert"))
     hidden_size: int = 128
     num_layers: int = 4
     num_heads: int = 4
@@ -136,9 +171,7 @@ class EncoderShape:
     max_positions: int = 256
 
     def __post_init__(self):
-        if self.arch not in ("bert", "modernbert"):
-            raise BadInput(f"unknown diffusion.model.arch {self.arch!r}; valid choices are: "
-                           f"bert, modernbert.")
+        check_choices(self, "diffusion.model.")
         if self.hidden_size % self.num_heads:
             raise BadInput(f"diffusion.model: hidden_size ({self.hidden_size}) must be "
                            f"divisible by num_heads ({self.num_heads}).")
@@ -194,15 +227,22 @@ class DomainLM:
 
 @dataclass(frozen=True)
 class ReportEval:
-    # The build ends with a quick evaluation on the held-out countdown set.
+    # The build ends with a quick evaluation on the held-out countdown set: samples per
+    # problem, temperature, longest completion.
     samples: int = 16
     temperature: float = 1.0
     max_tokens: int = 64
 
+    def __post_init__(self):
+        _at_least("report", self, 1, "samples", "max_tokens")
+        _at_least("report", self, 0, "temperature")
+
 
 @dataclass(frozen=True)
 class TestbedConfig:
+    # The preset this config started from (ci or default): part of the cache key's name.
     size: str = "default"
+    # Seed of the held-out sets, the data stream and the model's initial weights.
     seed: int = 0
     model: ModelShape = field(default_factory=ModelShape)
     data: DataMix = field(default_factory=DataMix)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from es_llm.config import check_choices, choice
 from es_llm.errors import BadInput
 
 
@@ -128,6 +129,11 @@ class DriftSettings:
                "algo.distill.drift needs block_size >= 1 and tau >= 0.")
 
 
+def _method_names() -> list[str]:
+    from gradient.distill.methods import distill_method_names
+    return distill_method_names()
+
+
 DOPSD_TEACHER_VIEWS = ("snapshot", "final", "all_future")
 DOPSD_STEP_SELECT = ("random", "most", "least")
 
@@ -136,12 +142,12 @@ DOPSD_STEP_SELECT = ("random", "most", "least")
 class DOPSDSettings:
     # The teacher's view of the student's trajectory: `gap` steps after the student's state
     # (snapshot), the final canvas (final), or the mean over every later state (all_future).
-    teacher_view: str = "snapshot"
+    teacher_view: str = choice("snapshot", lambda: DOPSD_TEACHER_VIEWS)
     gap: int = 4
     # The student's state: one whose masked fraction of the completion exceeds the
     # threshold, the most masked, the least masked or a random one (seeded per rollout).
     mask_threshold: float = 0.3
-    step_select: str = "random"
+    step_select: str = choice("random", lambda: DOPSD_STEP_SELECT)
     # Teacher weights: the initial model's, frozen (true, the paper's main setting), or the
     # live model's under stop-gradient.
     fixed_teacher: bool = True
@@ -151,12 +157,7 @@ class DOPSDSettings:
     beta: float = 0.0
 
     def __post_init__(self):
-        _check(self.teacher_view in DOPSD_TEACHER_VIEWS,
-               f"unknown algo.distill.dopsd.teacher_view {self.teacher_view!r}; valid choices "
-               f"are: {', '.join(DOPSD_TEACHER_VIEWS)}.")
-        _check(self.step_select in DOPSD_STEP_SELECT,
-               f"unknown algo.distill.dopsd.step_select {self.step_select!r}; valid choices "
-               f"are: {', '.join(DOPSD_STEP_SELECT)}.")
+        check_choices(self, "algo.distill.dopsd.")
         _check(self.gap >= 1, f"algo.distill.dopsd.gap must be >= 1, got {self.gap}.")
         _check(0 <= self.mask_threshold < 1 and 0 <= self.beta <= 1,
                "algo.distill.dopsd needs mask_threshold in [0, 1) and beta in [0, 1].")
@@ -167,7 +168,7 @@ class DistillSettings:
     # On-policy distillation method (none = plain GRPO): opd, ra_opd, rstg, dear, avsd (per-
     # token advantages on the sampled tokens), gjsd or w2s (full-distribution divergences),
     # dopsd (diffusion LMs: self-distillation from a later state of the same trajectory).
-    method: str = "none"
+    method: str = choice("none", lambda: ["none", *_method_names()])
     # The teacher: a Hugging Face folder whose tokenizer is the student's (opd, ra_opd, rstg,
     # dear, gjsd); avsd's teacher is the student itself, w2s's the proxy of w2s.*.
     teacher: str = ""
@@ -184,10 +185,8 @@ class DistillSettings:
     dopsd: DOPSDSettings = field(default_factory=DOPSDSettings)
 
     def __post_init__(self):
-        from gradient.distill.methods import distill_method_names, method_spec
-        names = ["none", *distill_method_names()]
-        _check(self.method in names, f"unknown algo.distill.method {self.method!r}; valid "
-                                     f"choices are: {', '.join(names)}.")
+        from gradient.distill.methods import method_spec
+        check_choices(self, "algo.distill.")
         _check(self.kl_coef >= 0 and self.reward_coef >= 0,
                "algo.distill.kl_coef and algo.distill.reward_coef must be >= 0.")
         if self.method == "none":
