@@ -48,7 +48,12 @@ class LibraryLog:
         handler = logging.StreamHandler(sys.__stderr__)
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         root = logging.getLogger()
-        self._saved = (sys.stderr, original_fd, handler, root.level)
+        # A vLLM imported earlier in this process has configured its own logger (printing to
+        # standard output, not propagating): route it through the root logger meanwhile.
+        engine = logging.getLogger("vllm")
+        self._saved = (sys.stderr, original_fd, handler, root.level,
+                       (engine.handlers[:], engine.propagate))
+        engine.handlers, engine.propagate = [], True
         sys.stderr = terminal
         root.addHandler(handler)
         root.setLevel(logging.INFO)
@@ -75,8 +80,10 @@ class LibraryLog:
         the command failed unexpectedly (status 1): then the terminal is told where it is."""
         if self._saved is None:
             return
-        stderr, original_fd, handler, level = self._saved
+        stderr, original_fd, handler, level, (engine_handlers, engine_propagates) = self._saved
         self._saved = None
+        engine = logging.getLogger("vllm")
+        engine.handlers, engine.propagate = engine_handlers, engine_propagates
         sys.__stderr__.flush()
         sys.stderr.flush()
         terminal, sys.stderr = sys.stderr, stderr

@@ -41,7 +41,15 @@ def test_vllm_messages_go_to_the_log_file_unless_verbose(ci_testbed, tmp_path):
     assert "This model does not officially support" in loud.stdout + loud.stderr
 
 
-def test_library_output_is_captured_and_everything_is_put_back(tmp_path, capfd):
+@pytest.mark.parametrize("engine_configured", [False, True])
+def test_library_output_is_captured_and_everything_is_put_back(tmp_path, capfd,
+                                                               engine_configured):
+    engine = logging.getLogger("vllm")
+    saved_engine = engine.handlers[:], engine.propagate
+    if engine_configured:
+        # What importing vLLM before the command starts leaves behind.
+        engine.handlers, engine.propagate = [logging.StreamHandler(sys.stdout)], False
+    engine_state = engine.handlers[:], engine.propagate
     stderr, handlers = sys.stderr, list(logging.getLogger().handlers)
     log = LibraryLog().start()
     logging.getLogger("vllm.engine").warning("engine chatter")
@@ -58,9 +66,11 @@ def test_library_output_is_captured_and_everything_is_put_back(tmp_path, capfd):
     for line in ("engine chatter", "a library's deprecation notice", "written by C code",
                  "after the folder exists"):
         assert line in text
-    terminal = capfd.readouterr().err
-    assert "es-llm's own line" in terminal and "engine chatter" not in terminal
-    assert "written by C code" not in terminal
+    said = capfd.readouterr()
+    assert "es-llm's own line" in said.err and "engine chatter" not in said.err + said.out
+    assert "written by C code" not in said.err
+    assert (engine.handlers, engine.propagate) == engine_state
+    engine.handlers, engine.propagate = saved_engine
 
 
 def test_a_log_without_a_folder_is_removed_unless_the_command_crashed(capfd):
