@@ -14,6 +14,7 @@ import traceback
 from pathlib import Path
 
 from es_llm.errors import BadInput
+from es_llm.testbed import SIZES
 
 # What `es-llm es --resume` may override: the run's length and its checkpoint, checksum and
 # timeout cadence, none of which changes the weights it computes.
@@ -135,12 +136,15 @@ def build_parser(plugins: dict | None = None) -> argparse.ArgumentParser:
             (default ~/.cache/es-llm), each part on its own key,
             and copied to --out."""),
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    tb.add_argument("--size", choices=["ci", "default"], default="default",
-                    help="preset: 'ci' (tiny, about 2.5 minutes with its teachers) or 'default' "
-                         "(about 7 minutes on 2 cores, plus about 20 for its teachers)")
+    tb.add_argument("--size", choices=SIZES, default="default",
+                    help="preset: 'ci' (tiny, about 2.5 minutes with its teachers), 'default' "
+                         "(about 7 minutes on 2 cores, plus about 20 for its teachers) or "
+                         "'habits' (the default model pretrained with guessed answers among "
+                         "its traces, so that post-training can add greedy capability; about "
+                         "8 minutes without teachers)")
     _add_common(tb, out_required=False, config="es_llm.testbed.config:TestbedConfig",
-                note="Defaults shown are the 'default' size; --size ci starts from "
-                     "es_llm/testbed/presets/ci.yaml instead.")
+                note="Defaults shown are the 'default' size; --size ci or habits starts "
+                     "from es_llm/testbed/presets/<size>.yaml instead.")
 
     ev = sub.add_parser(
         "eval", help="sample a model on a task and report pass@k, coverage and diversity",
@@ -198,6 +202,17 @@ def build_parser(plugins: dict | None = None) -> argparse.ArgumentParser:
                      help="model or method the others are measured against (default base)")
     _add_sampling_flags(cmp)
     cmp.add_argument("--bootstrap", type=int, help="bootstrap resamples per interval (default 1000)")
+    cmp.add_argument("--temperatures", type=float, nargs="+", metavar="T",
+                     help="capability or sharpening: also read every model greedily and "
+                          "sampled at these temperatures (and --temperature), and report "
+                          "greedy accuracy, pass@1, pass@n, entropy and the sharpening gap "
+                          "side by side")
+    cmp.add_argument("--also-on", nargs="+", metavar="FILE",
+                     help="more problem files to read every model on in the same way (e.g. a "
+                          "never-seen set from scripts/unseen_countdown.py); turns the "
+                          "capability views on")
+    cmp.add_argument("--views-n", type=int, metavar="N",
+                     help="samples per problem in the sampled capability views (default --n)")
     _add_common(cmp, out_required=True, config="es_llm.compare.run:CompareConfig")
     for command in (plugin_commands() if plugins is None else plugins).values():
         command.add_parser(sub, _add_common)
@@ -268,7 +283,7 @@ def run_compare(args) -> None:
         (overrides if "." in entry.split("=", 1)[0] else models).append(entry)
     if models:
         flags["models"] = models
-    for key in ("reference", "bootstrap"):
+    for key in ("reference", "bootstrap", "temperatures", "also_on", "views_n"):
         if getattr(args, key) is not None:
             flags[key] = getattr(args, key)
     cfg = load_config(CompareConfig, path=args.config, flags=flags, overrides=overrides)

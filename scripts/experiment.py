@@ -57,6 +57,15 @@ class ExperimentConfig:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     eval_limit: int | None = None
     eval_backend: str = "auto"
+    # Capability or sharpening: the comparison also reads every model greedily and sampled
+    # at these temperatures (and sampling.temperature), on the held-out file and on a
+    # never-seen set of never_seen_per_tier problems per tier (scripts/unseen_countdown.py,
+    # seed never_seen_seed; 0 = no such set), with views_n samples per problem. Off by
+    # default ([] and 0): the comparison then reads the held-out file at `sampling` only.
+    temperatures: tuple[float, ...] = ()
+    never_seen_per_tier: int = 0
+    never_seen_seed: int = 0
+    views_n: int = 8
 
 
 def _steps(total: int, per_step: int, what: str) -> int:
@@ -153,6 +162,18 @@ def run(cfg: ExperimentConfig, out: Path) -> None:
                     "--backend", cfg.eval_backend, "--out", str(out / "compare"), "--no-progress"]
     if cfg.eval_limit is not None:
         cmd += ["--limit", str(cfg.eval_limit)]
+    if cfg.temperatures:
+        cmd += ["--temperatures", *map(str, cfg.temperatures)]
+    if cfg.temperatures or cfg.never_seen_per_tier:
+        cmd += ["--views-n", str(cfg.views_n)]
+    if cfg.never_seen_per_tier:
+        never_seen = out / "never_seen.jsonl"
+        if not never_seen.is_file():
+            runner([sys.executable, str(ROOT / "scripts" / "unseen_countdown.py"),
+                    "--size", cfg.testbed, "--per-tier", str(cfg.never_seen_per_tier),
+                    "--seed", str(cfg.never_seen_seed), "--testbed", str(testbed),
+                    "--out", str(never_seen), *cfg.testbed_overrides])
+        cmd += ["--also-on", str(never_seen)]
     runner(cmd)
 
 

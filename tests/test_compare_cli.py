@@ -123,3 +123,43 @@ def test_bad_input_is_a_one_paragraph_error_with_status_2(report, tmp_path, caps
         assert err.startswith("es-llm compare: error:") and err.count("\n") == 1
         assert re.search(message, err), err
         assert not (out / "report.md").exists()
+
+
+def test_capability_views_read_every_model_greedily_and_sampled_on_each_set(
+        ci_testbed, tmp_path, capsys):
+    model = tmp_path / "copy"
+    shutil.copytree(ci_testbed, model)
+    # A second problem file: the first 3 held-out problems of the testbed.
+    rows = read_jsonl(ci_testbed / "data" / "countdown_eval.jsonl")[:3]
+    extra = tmp_path / "extra.jsonl"
+    extra.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "r"
+    args = ["compare", "--models", f"base={ci_testbed}", f"copy={model}", "--task", "countdown",
+            "--n", "2", "--limit", "4", "--backend", "hf", "--temperatures", "0.6",
+            "--also-on", str(extra), "--out", str(out), "--no-progress"]
+    assert main(args) == 0
+    cap = json.loads((out / "comparison.json").read_text())["capability"]
+    assert cap["temperatures"] == ["T=0.6", "T=1"]
+    assert [(e["data"], e["num_problems"]) for e in cap["sets"]] == [("task", 4), ("extra", 3)]
+    for entry in cap["sets"]:
+        label = entry["data"]
+        greedy = read_jsonl(out / "samples" / "views" / label / "greedy" / "base" / "samples.jsonl")
+        assert len(greedy) == entry["num_problems"]
+        base = entry["methods"]["base"]
+        assert base["greedy"] == pytest.approx(np.mean([r["correct"] for r in greedy]))
+        for t in ("T=0.6", "T=1"):
+            assert base["gap"][t] == pytest.approx(base["greedy"] - base["sampled"][t]["pass@1"])
+        # The same weights: the same greedy answers, nothing newly solved or lost.
+        vs = entry["vs_reference"]["copy"]
+        assert (vs["newly_solved"], vs["lost"], vs["greedy"]["diff"]) == (0, 0, 0)
+    # The main comparison's samples are the task set's T = 1 view; no second draw of them.
+    assert not (out / "samples" / "views" / "task" / "T1").exists()
+    report = (out / "report.md").read_text()
+    assert "## Capability or sharpening" in report and "gap T=0.6" in report
+    # Sample files cannot be read again at other settings.
+    capsys.readouterr()
+    assert main(["compare", "--models", f"base={out / 'samples' / 'base'}", f"copy={model}",
+                 "--n", "2", "--limit", "4", "--backend", "hf", "--temperatures", "0.6",
+                 "--out", str(tmp_path / "r2"), "--no-progress"]) == 2
+    assert "must be a model folder" in capsys.readouterr().err
+    assert not (tmp_path / "r2").exists()

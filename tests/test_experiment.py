@@ -44,6 +44,13 @@ def test_experiment_trains_both_methods_at_a_matched_budget_and_compares_them(ex
         assert comp["budget"][method] == [256.0, 256.0, 256.0]
     assert set(comp["training"]) == {f"{m}@{s}" for m in ("es", "grpo") for s in (0, 1, 2)}
     assert "mpirun -n 2" in (out / "commands.txt").read_text()
+    # Greedy and sampled views on the held-out problems and on a never-seen set.
+    cap = comp["capability"]
+    assert [e["data"] for e in cap["sets"]] == ["task", "never_seen"]
+    assert cap["temperatures"] == ["T=0.6", "T=1"]
+    for entry in cap["sets"]:
+        assert set(entry["methods"]) == {"base", "es", "grpo"}
+        assert set(entry["vs_reference"]) == {"es", "grpo"}
     # Seeds differ, so the trained models differ.
     es_runs = [read_jsonl(out / "runs" / f"es-seed{s}" / "ledger.jsonl") for s in (0, 1, 2)]
     assert len({json.dumps(r[0]["rewards_N"]) for r in es_runs}) == 3
@@ -70,7 +77,10 @@ def test_rerunning_the_experiment_skips_what_is_done(experiment):
     # Training ran once per method and seed (the first call); the rerun only compared again.
     assert commands.count("-m es_llm es ") == 3 and commands.count("-m es_llm grpo ") == 3
     assert commands.count("-m es_llm compare ") == 2
-    assert proc.stdout.count("reusing") == 7
+    # Every model's samples are reused: the main ones and five views (held-out greedy and
+    # T = 0.6; never-seen greedy, T = 0.6 and T = 1; held-out T = 1 is the main comparison).
+    assert proc.stdout.count("reusing") == 7 * 6
+    assert commands.count("unseen_countdown.py") == 1
     after = (out / "runs" / "grpo-seed1" / "checkpoints" / "final" / "model.safetensors").read_bytes()
     assert before == after
 

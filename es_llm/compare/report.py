@@ -122,6 +122,7 @@ def blocks(comp: dict, figures: dict[str, str]) -> list[tuple]:
     out.append(("table", ["comparison", "metric", "first", "second", "first - second [95% CI]",
                           "verdict"], summary_rows(comp)))
     out += [("p", line) for line in in_words(comp)]
+    out += capability_blocks(comp.get("capability"))
     budget = comp.get("budget") or {}
     if budget:
         out.append(("h", 2, "Training budget"))
@@ -157,6 +158,46 @@ def blocks(comp: dict, figures: dict[str, str]) -> list[tuple]:
     note = machines_note(where)
     if note:
         out.append(("p", note))
+    return out
+
+
+def capability_blocks(cap: dict | None) -> list[tuple]:
+    """Greedy beside sampled, per problem set: is a gain new problems solved, or sampling
+    mass moved onto the answers the model already gave greedily?"""
+    if not cap:
+        return []
+    out: list[tuple] = [("h", 2, "Capability or sharpening"), ("p", (
+        "Every model read greedily (one sample at T = 0) and sampled at each temperature "
+        "(pass@1 and pass@n of the same n samples). The sharpening gap is greedy accuracy "
+        "minus sampled pass@1 at that temperature: training that only sharpens the "
+        "distribution closes it without raising greedy accuracy, while new capability "
+        "raises greedy accuracy and the problems newly solved greedily. Newly solved / lost "
+        f"count the problems {cap['reference']} gets wrong / right greedily that the method "
+        "gets right / wrong (seed means)."))]
+    temps = cap["temperatures"]
+    header = ["method", "greedy"]
+    for t in temps:
+        header += [f"pass@1 {t}", f"pass@n {t}", f"entropy {t}", f"gap {t}"]
+    header += [f"greedy - {cap['reference']} [95% CI]", "newly solved / lost"]
+    for entry in cap["sets"]:
+        rows = []
+        for method, m in entry["methods"].items():
+            row = [method, _pct(m["greedy"])]
+            for t in temps:
+                sm = m["sampled"].get(t)
+                gap = m["gap"].get(t)
+                row += ["-"] * 4 if sm is None else [
+                    _pct(sm["pass@1"]), _pct(sm["pass@n"]), _num(sm["entropy"]),
+                    "-" if gap is None else f"{100 * gap:+.1f} pts"]
+            vs = entry["vs_reference"].get(method)
+            row += ["-", "-"] if vs is None else [
+                _interval(vs["greedy"], _points) + " pts",
+                f"{_count(vs['newly_solved'])} / {_count(vs['lost'])}"]
+            rows.append(row)
+        ns = sorted({sm["n"] for m in entry["methods"].values() for sm in m["sampled"].values()})
+        out.append(("p", f"**{entry['data']}**: {entry['num_problems']} problems, n = "
+                    f"{', '.join(map(str, ns))} samples per problem in the sampled views."))
+        out.append(("table", header, rows))
     return out
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +13,7 @@ import yaml
 
 from es_llm.backends import BACKEND_NAMES, vllm_available
 from es_llm.compare.analysis import compare_sets
+from es_llm.compare.capability import capability, view_label
 from es_llm.compare.figures import draw_all
 from es_llm.compare.report import summary_rows, to_markdown, write_report
 from es_llm.compare.samples import SETTING_KEYS, align, check_name, load_samples, samples_path
@@ -30,7 +31,7 @@ from es_llm.io import complete_jsonl_rows, write_json_atomic, write_text_atomic
 from es_llm.machine import machine_kind
 from es_llm.metrics.summary import json_safe
 from es_llm.run_folder import check_out_path, recorded_machine
-from es_llm.tasks import TaskConfig
+from es_llm.tasks import TaskConfig, build_task
 
 
 @dataclass(frozen=True)
@@ -48,14 +49,42 @@ class CompareConfig:
     bootstrap: int = 1000
     # Seed of the bootstrap resamples and of the diversity subsamples.
     metrics_seed: int = 0
+    # Capability or sharpening (es_llm/compare/capability.py): when either list is set, every
+    # model folder is also read greedily (one sample at T = 0) and sampled at each of these
+    # temperatures and at sampling.temperature (views_n samples per problem, the other
+    # sampling settings as given), on the task's problems and on each `also_on` file; the
+    # report adds greedy accuracy, pass@1, pass@n, answer entropy and the sharpening gap
+    # side by side.
+    temperatures: tuple[float, ...] = ()
+    # More problem files to read the models on, e.g. a never-seen Countdown set from
+    # scripts/unseen_countdown.py.
+    also_on: tuple[str, ...] = ()
+    # Samples per problem in the sampled capability views (null = sampling.n): a large
+    # never-seen set is read well with fewer samples per problem.
+    views_n: int | None = None
 
     def __post_init__(self):
         check_choices(self)
         if self.bootstrap < 10:
             raise BadInput(f"bootstrap must be at least 10 resamples, got {self.bootstrap}.")
+        if any(not t > 0 for t in self.temperatures):
+            raise BadInput(f"temperatures must be above 0 (greedy is always read when views "
+                           f"are on), got {list(self.temperatures)}.")
+        if self.views_n is not None and self.views_n < 1:
+            raise BadInput(f"views_n must be at least 1 (or null for sampling.n), got "
+                           f"{self.views_n}.")
+
+    def views(self) -> list[tuple[str | None, float]]:
+        """(data file or None for the task's own, temperature) of every capability view,
+        greedy first in each set; [] when capability views are off."""
+        if not self.temperatures and not self.also_on:
+            return []
+        temps = [0.0] + sorted({*self.temperatures, self.sampling.temperature} - {0.0})
+        return [(data, t) for data in (None, *self.also_on) for t in temps]
 
 
-RESERVED = {"models", "reference", "task", "sampling", "backend", "bootstrap", "metrics_seed"}
+RESERVED = {"models", "reference", "task", "sampling", "backend", "bootstrap", "metrics_seed",
+            "temperatures", "also_on", "views_n"}
 
 
 def parse_models(entries: tuple[str, ...]) -> list[tuple[str, str]]:
@@ -92,10 +121,9 @@ def _same_eval(folder: Path, cfg: EvalConfig) -> bool:
         old.get(k) == new.get(k) for k in ("model", "task", "sampling", "backend"))
 
 
-def sample_model(name: str, model: Path, cfg: CompareConfig, out: Path, progress: bool) -> Path:
-    """Evaluate one model folder into out/samples/NAME (skipped when already there). vLLM
-    engines share process-wide state, so each vLLM evaluation runs in its own process."""
-    folder = out / "samples" / name
+def sample_model(name: str, model: Path, cfg: CompareConfig, folder: Path, progress: bool) -> Path:
+    """Evaluate one model folder into ``folder`` (skipped when already there). vLLM engines
+    share process-wide state, so each vLLM evaluation runs in its own process."""
     ev = EvalConfig(model=str(model), task=cfg.task, sampling=cfg.sampling, backend=cfg.backend,
                     bootstrap=cfg.bootstrap, metrics_seed=cfg.metrics_seed)
     if _same_eval(folder, ev):
@@ -171,7 +199,44 @@ def check_inputs(cfg: CompareConfig, out: Path) -> tuple[list, dict]:
                                f"models sampled here would get "
                                f"{', '.join(f'{k}={wanted[k]!r}' for k in off)}; a comparison "
                                f"needs identical sampling settings.")
+    if cfg.views():
+        _check_views(cfg, loaded)
     return sources, loaded
+
+
+def _check_views(cfg: CompareConfig, loaded: dict) -> None:
+    """Capability views sample every model again, so every model must be a folder, and every
+    ``also_on`` file must hold problems of the task."""
+    if loaded:
+        raise BadInput(f"temperatures / also_on read every model again, so every model must be "
+                       f"a model folder; {', '.join(sorted(loaded))} "
+                       f"{'is a samples file' if len(loaded) == 1 else 'are samples files'}.")
+    for data in cfg.also_on:
+        if not Path(data).is_file():
+            raise BadInput(f"also_on file {data!r} does not exist; give problem files of task "
+                           f"{cfg.task.name!r} (e.g. from scripts/unseen_countdown.py).")
+        task = build_task(replace(cfg.task, data=data))
+        try:
+            if not task.problems():
+                raise BadInput(f"also_on file {data!r} holds no problems.")
+        finally:
+            task.close()
+
+
+def view_folders(cfg: CompareConfig, out: Path) -> list[tuple[str, float, Path, CompareConfig]]:
+    """(set label, temperature, samples folder, the comparison config of that view) for every
+    capability view: greedy views take one sample at T = 0."""
+    labels, found = {}, []
+    for data, temperature in cfg.views():
+        if data not in labels:
+            stem = "task" if data is None else Path(data).stem
+            labels[data] = stem if stem not in labels.values() else f"{stem}-{len(labels)}"
+        sampling = replace(cfg.sampling, temperature=temperature,
+                           n=1 if temperature == 0 else cfg.views_n or cfg.sampling.n)
+        view = replace(cfg, sampling=sampling, task=replace(cfg.task, data=data or cfg.task.data))
+        folder = out / "samples" / "views" / labels[data] / view_label(temperature).replace("=", "")
+        found.append((labels[data], temperature, folder, view))
+    return found
 
 
 def machines(sets: list) -> dict[str, dict]:
@@ -203,11 +268,23 @@ def compare(cfg: CompareConfig, out: str | Path, progress: bool = True, echo=pri
         if name in loaded:
             sets.append(loaded[name])
             continue
-        folder = sample_model(name, path, cfg, out, progress)
+        folder = sample_model(name, path, cfg, out / "samples" / name, progress)
         sets.append(load_samples(name, folder, run=str(run) if run else None))
     sets = align(sets)
     comp = compare_sets(sets, cfg.reference, np.random.default_rng(cfg.metrics_seed),
                         cfg.bootstrap)
+    views = []
+    for label, temperature, folder, view in view_folders(cfg, out):
+        if view.task == cfg.task and view.sampling == cfg.sampling:
+            views.append({"data": label, "temperature": temperature, "sets": sets})
+            continue
+        echo(f"[compare] {label}, {view_label(temperature)}")
+        views.append({"data": label, "temperature": temperature, "sets": align([
+            load_samples(name, sample_model(name, path, view, folder / name, progress))
+            for name, path, _ in sources])})
+    if views:
+        comp["capability"] = capability(views, cfg.reference,
+                                        np.random.default_rng(cfg.metrics_seed), cfg.bootstrap)
     curves = {s.name: training_curve(Path(s.run)) for s in sets if s.run}
     comp["training"] = {k: v for k, v in curves.items() if v}
     budget: dict[str, list[float]] = {}

@@ -262,8 +262,14 @@ def render_prompt(numbers: Sequence[int], target: int) -> str:
     return f"nums {' '.join(str(n) for n in numbers)} make {target}\n"
 
 
-def _random_tree(rng: random.Random, numbers: list[int]) -> tuple[Tree, int, list[str]]:
-    """Combine random pairs until one value is left; every intermediate is a positive int."""
+def random_tree(rng: random.Random, numbers: list[int],
+                 slip: tuple[int, int] | None = None) -> tuple[Tree, int, list[str]]:
+    """Combine random pairs until one value is left; every intermediate is a positive int.
+
+    ``slip = (k, d)`` (d != 0) writes step k's result off by d (by |d| where d would take it
+    below 1) and carries the written value on, as a careless solver would: the steps then end on a value the returned
+    tree does not have. Without it no extra random numbers are drawn.
+    """
     pool: list[tuple[int, Tree]] = [(n, n) for n in numbers]
     steps: list[str] = []
     while len(pool) > 1:
@@ -279,6 +285,8 @@ def _random_tree(rng: random.Random, numbers: list[int]) -> tuple[Tree, int, lis
         if op in "-/" and a < b:
             (a, ta), (b, tb) = (b, tb), (a, ta)
         value = a + b if op == "+" else a - b if op == "-" else a * b if op == "*" else a // b
+        if slip is not None and len(steps) == slip[0]:
+            value = value + slip[1] if value + slip[1] >= 1 else value + abs(slip[1])
         steps.append(f"{a}{op}{b}={value}")
         pool = [p for k, p in enumerate(pool) if k not in (i, j)] + [(value, (op, ta, tb))]
     value, tree = pool[0]
@@ -304,17 +312,24 @@ def generate(rng: random.Random, num_numbers: int, *, min_number: int = 1,
         raise ValueError(f"number range [{min_number}, {high}] is empty or not positive")
     for _ in range(max_tries):
         numbers = [rng.randint(min_number, high) for _ in range(num_numbers)]
-        tree, target, steps = _random_tree(rng, numbers)
+        tree, target, steps = random_tree(rng, numbers)
         if 1 <= target <= max_target:
             break
     else:
         raise ValueError(f"no target in [1, {max_target}] after {max_tries} draws of "
                          f"{num_numbers} numbers from [{min_number}, {high}]")
+    return worked_example(numbers, target, tree, steps)
+
+
+def worked_example(numbers: list[int], target: int, tree: Tree,
+                   steps: Sequence[str]) -> tuple[Problem, str]:
+    """The problem (``numbers``, ``target``) and the completion that writes ``steps`` and
+    answers ``tree``."""
     answer = render(tree)
     problem = Problem(id=f"countdown-{'_'.join(map(str, numbers))}-{target}",
                       prompt=render_prompt(numbers, target),
                       gold={"numbers": numbers, "target": target},
-                      difficulty=num_numbers, meta={"solution": answer})
+                      difficulty=len(numbers), meta={"solution": answer})
     return problem, " ".join(steps) + f" <answer>{answer}</answer>"
 
 

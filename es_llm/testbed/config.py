@@ -14,8 +14,8 @@ from pathlib import Path
 from es_llm.config import check_choices, choice, load_config, to_dict
 from es_llm.diffusion.sampler import DiffusionSampling
 from es_llm.errors import BadInput
+from es_llm.testbed import SIZES
 
-SIZES = ("ci", "default")
 # Domain model sections of the config and the task each one learns.
 DOMAINS = {"code": "pyfunc", "chess": "chess"}
 
@@ -73,6 +73,12 @@ class DataMix:
     # (data/countdown_rl_pool.jsonl; 0 = none): disjoint from the eval and rl sets, but not
     # withheld from pretraining, so adding it leaves the model unchanged.
     rl_pool_per_tier: int = 0
+    # Unreliable ways of solving in the Countdown pretraining traces (es_llm/testbed/
+    # habits.py), each a share of every tier's traces, one per countdown_tier ([] = 0): a
+    # guess states the answer without steps, a slip writes one step's result off by 1-3 and
+    # carries it on. Held-out and never-seen problems keep clean references.
+    guess_rates: tuple[float, ...] = ()
+    slip_rates: tuple[float, ...] = ()
 
     def __post_init__(self):
         _at_least("data", self, 1, "countdown_max_number", "countdown_max_target",
@@ -93,6 +99,21 @@ class DataMix:
                            f"length, got {len(self.countdown_tiers)} and {len(self.countdown_weights)}.")
         if not 0 <= self.arithmetic_share < 1:
             raise BadInput(f"data.arithmetic_share must lie in [0, 1), got {self.arithmetic_share}.")
+        for name in ("guess_rates", "slip_rates"):
+            rates = getattr(self, name)
+            if rates and (len(rates) != len(self.countdown_tiers)
+                          or any(not 0 <= r <= 1 for r in rates)):
+                raise BadInput(f"data.{name} must be empty or one share in [0, 1] per countdown "
+                               f"tier {list(self.countdown_tiers)}, got {list(rates)}.")
+        if any(g + s > 1 for g, s in zip(self.guess_rates, self.slip_rates)):
+            raise BadInput(f"data.guess_rates + data.slip_rates must be at most 1 per tier, got "
+                           f"{list(self.guess_rates)} and {list(self.slip_rates)}.")
+
+    def habit_rates(self, tier: int) -> tuple[float, float]:
+        """(guess, slip) shares of the traces of Countdown ``tier``."""
+        i = self.countdown_tiers.index(tier)
+        return (self.guess_rates[i] if self.guess_rates else 0.0,
+                self.slip_rates[i] if self.slip_rates else 0.0)
 
 
 @dataclass(frozen=True)
@@ -240,7 +261,8 @@ class ReportEval:
 
 @dataclass(frozen=True)
 class TestbedConfig:
-    # The preset this config started from (ci or default): part of the cache key's name.
+    # The preset this config started from (ci, default or habits): part of the cache key's
+    # name.
     size: str = "default"
     # Seed of the held-out sets, the data stream and the model's initial weights.
     seed: int = 0
@@ -304,7 +326,8 @@ class TestbedConfig:
 
 def _builder_sources() -> list[Path]:
     pkg = Path(__file__).resolve().parents[1]
-    return [pkg / "testbed" / "train.py", pkg / "testbed" / "tokenizer.py",
+    return [pkg / "testbed" / "train.py", pkg / "testbed" / "habits.py",
+            pkg / "testbed" / "tokenizer.py",
             pkg / "tasks" / "countdown.py", pkg / "tasks" / "arithmetic.py"]
 
 

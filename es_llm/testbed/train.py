@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 from es_llm.errors import BadInput
 from es_llm.tasks import arithmetic, countdown
 from es_llm.testbed.config import TestbedConfig
+from es_llm.testbed.habits import with_habits
 
 
 def _problem_key(problem) -> str:
@@ -106,6 +107,12 @@ def training_example(rng: random.Random, cfg: TestbedConfig, excluded: set) -> t
         else:
             tier = rng.choices(data.countdown_tiers, weights=data.countdown_weights)[0]
             problem, completion = _countdown_example(rng, tier, data)
+            if _problem_key(problem) in excluded:
+                continue
+            # Decided after the check, so held-out problems do not skew the habits' shares;
+            # a slip makes a problem of its own, which is checked again below.
+            problem, completion = with_habits(rng, *data.habit_rates(tier), problem,
+                                              completion, data.countdown_max_target)
         if _problem_key(problem) not in excluded:
             return problem.prompt, completion
 
