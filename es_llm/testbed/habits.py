@@ -26,7 +26,6 @@ from fractions import Fraction
 from es_llm.tasks import countdown
 from es_llm.tasks.base import Problem
 
-KINDS = ("clean", "guess", "slip")
 SLIP_SIZES = (-3, -2, -1, 1, 2, 3)
 
 
