@@ -140,7 +140,7 @@ def test_capability_views_read_every_model_greedily_and_sampled_on_each_set(
     assert main(args) == 0
     cap = json.loads((out / "comparison.json").read_text())["capability"]
     assert cap["temperatures"] == ["T=0.6", "T=1"]
-    assert [(e["data"], e["num_problems"]) for e in cap["sets"]] == [("task", 4), ("extra", 3)]
+    assert [(e["data"], e["num_problems"]) for e in cap["sets"]] == [("held-out", 4), ("extra", 3)]
     for entry in cap["sets"]:
         label = entry["data"]
         greedy = read_jsonl(out / "samples" / "views" / label / "greedy" / "base" / "samples.jsonl")
@@ -153,9 +153,11 @@ def test_capability_views_read_every_model_greedily_and_sampled_on_each_set(
         vs = entry["vs_reference"]["copy"]
         assert (vs["newly_solved"], vs["lost"], vs["greedy"]["diff"]) == (0, 0, 0)
     # The main comparison's samples are the task set's T = 1 view; no second draw of them.
-    assert not (out / "samples" / "views" / "task" / "T1").exists()
+    assert not (out / "samples" / "views" / "held-out" / "T1").exists()
     report = (out / "report.md").read_text()
     assert "## Capability or sharpening" in report and "gap T=0.6" in report
+    assert (out / "figures" / "capability.png").stat().st_size > 0
+    assert "(figures/capability.png)" in report
     # Sample files cannot be read again at other settings.
     capsys.readouterr()
     assert main(["compare", "--models", f"base={out / 'samples' / 'base'}", f"copy={model}",

@@ -46,7 +46,7 @@ def test_experiment_trains_both_methods_at_a_matched_budget_and_compares_them(ex
     assert "mpirun -n 2" in (out / "commands.txt").read_text()
     # Greedy and sampled views on the held-out problems and on a never-seen set.
     cap = comp["capability"]
-    assert [e["data"] for e in cap["sets"]] == ["task", "never_seen"]
+    assert [e["data"] for e in cap["sets"]] == ["held-out", "never_seen"]
     assert cap["temperatures"] == ["T=0.6", "T=1"]
     for entry in cap["sets"]:
         assert set(entry["methods"]) == {"base", "es", "grpo"}

@@ -159,6 +159,32 @@ def training(comp: dict, path: Path) -> str | None:
     return _save(fig, path)
 
 
+def capability(cap: dict, path: Path) -> str:
+    """One panel per problem set: each method's greedy accuracy beside its sampled pass@1 at
+    every temperature (seed means), so a gain in the sampled bars that the greedy bar does not
+    share reads as sharpening."""
+    sets, temps = cap["sets"], cap["temperatures"]
+    fig, axes = plt.subplots(1, len(sets), figsize=(5.5 * len(sets), 4.2), squeeze=False)
+    bars = ["greedy"] + [f"pass@1 {t}" for t in temps]
+    width = 0.8 / len(bars)
+    for ax, entry in zip(axes[0], sets):
+        methods = list(entry["methods"])
+        x = np.arange(len(methods))
+        for i, bar in enumerate(bars):
+            values = []
+            for m in methods:
+                info = entry["methods"][m]
+                v = info["greedy"] if i == 0 else info["sampled"].get(temps[i - 1], {}).get("pass@1")
+                values.append(np.nan if v is None else 100 * v)
+            ax.bar(x + (i - (len(bars) - 1) / 2) * width, values, width, label=bar)
+        ax.set_xticks(x, methods)
+        ax.set_ylabel("% of problems")
+        ax.set_title(f"{entry['data']} ({entry['num_problems']} problems)")
+        ax.grid(alpha=0.3, axis="y")
+        ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
 def draw_all(comp: dict, folder: Path) -> dict[str, str]:
     """Every figure into ``folder``; returns figure key -> file name."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -169,4 +195,6 @@ def draw_all(comp: dict, folder: Path) -> dict[str, str]:
     curve = training(comp, folder / "training.png")
     if curve:
         out["training"] = curve
+    if comp.get("capability"):
+        out["capability"] = capability(comp["capability"], folder / "capability.png")
     return out

@@ -122,7 +122,7 @@ def blocks(comp: dict, figures: dict[str, str]) -> list[tuple]:
     out.append(("table", ["comparison", "metric", "first", "second", "first - second [95% CI]",
                           "verdict"], summary_rows(comp)))
     out += [("p", line) for line in in_words(comp)]
-    out += capability_blocks(comp.get("capability"))
+    out += capability_blocks(comp.get("capability"), figures.get("capability"))
     budget = comp.get("budget") or {}
     if budget:
         out.append(("h", 2, "Training budget"))
@@ -161,7 +161,7 @@ def blocks(comp: dict, figures: dict[str, str]) -> list[tuple]:
     return out
 
 
-def capability_blocks(cap: dict | None) -> list[tuple]:
+def capability_blocks(cap: dict | None, figure: str | None = None) -> list[tuple]:
     """Greedy beside sampled, per problem set: is a gain new problems solved, or sampling
     mass moved onto the answers the model already gave greedily?"""
     if not cap:
@@ -198,6 +198,10 @@ def capability_blocks(cap: dict | None) -> list[tuple]:
         out.append(("p", f"**{entry['data']}**: {entry['num_problems']} problems, n = "
                     f"{', '.join(map(str, ns))} samples per problem in the sampled views."))
         out.append(("table", header, rows))
+    if figure:
+        out.append(("img", figure, "Greedy accuracy beside sampled pass@1 at each temperature, "
+                    "per problem set (seed means): a gain the greedy bar shares is new problems "
+                    "solved, one only the sampled bars show is sharpening."))
     return out
 
 

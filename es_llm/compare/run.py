@@ -229,7 +229,9 @@ def view_folders(cfg: CompareConfig, out: Path) -> list[tuple[str, float, Path, 
     labels, found = {}, []
     for data, temperature in cfg.views():
         if data not in labels:
-            stem = "task" if data is None else Path(data).stem
+            # The comparison's own problems: the task's held-out file unless --data names one.
+            main = Path(cfg.task.data).stem if cfg.task.data else "held-out"
+            stem = main if data is None else Path(data).stem
             labels[data] = stem if stem not in labels.values() else f"{stem}-{len(labels)}"
         sampling = replace(cfg.sampling, temperature=temperature,
                            n=1 if temperature == 0 else cfg.views_n or cfg.sampling.n)
