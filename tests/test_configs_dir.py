@@ -59,3 +59,11 @@ def test_experiment_configs_load_and_split_their_budget(path):
     cfg = load_config(experiment.ExperimentConfig, path=path)
     steps = experiment.plan(cfg)
     assert steps["es"] >= 1 and steps["grpo"] >= 1 and len(cfg.seeds) == 3
+
+
+@pytest.mark.parametrize("path", sorted(CONFIGS.glob("es_*.yaml")), ids=lambda p: p.name)
+def test_es_configs_load(path):
+    from es_llm.es.config import ESRunConfig
+
+    cfg = load_config(ESRunConfig, path=path)
+    assert cfg.iterations >= 1 and cfg.es.population >= 2
