@@ -8,6 +8,8 @@ Exit status: 0 success, 2 bad input (config, paths, data), 1 anything else.
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import sys
 import textwrap
 import traceback
@@ -178,6 +180,11 @@ def build_parser(plugins: dict | None = None) -> argparse.ArgumentParser:
                          "replayed from the base model to rebuild the weights exactly, and it "
                          "goes on from there; only " + ", ".join(ES_RESUME_KEYS)
                          + " may be overridden (e.g. iterations=N to run longer)")
+    es.add_argument("--probe-sigma", metavar="S1,S2,...",
+                    help="instead of a run: evaluate iteration 0's mirrored pairs at each of "
+                         "these sigmas and report how often + and - differ in reward, in "
+                         "correctness and in format, and how often they write the same texts; "
+                         "writes DIR/probe_sigma.json")
     _add_common(es, out_required=False, config="es_llm.es.config:ESRunConfig")
     cmp = sub.add_parser(
         "compare", help="compare models on the same problems: pass@k, coverage, diversity",
@@ -337,8 +344,13 @@ def _es_rank(args, cfg, comm, out: Path) -> None:
         import socket
         print(f"es-llm: rank {comm.rank}/{comm.size} is pid {os.getpid()} on "
               f"{socket.gethostname()}", file=sys.stderr, flush=True)
+    sigmas = _probe_sigmas(args.probe_sigma) if args.probe_sigma else None
+    if sigmas and args.resume:
+        raise BadInput("--probe-sigma evaluates a new run's first population; drop --resume.")
     edges, problems = build_edges(cfg, comm)
     try:
+        if sigmas:
+            return _probe(cfg, edges, problems, sigmas, out, comm.rank == 0)
         if comm.rank == 0:
             out.mkdir(parents=True, exist_ok=True)
         comm.barrier()
@@ -346,6 +358,33 @@ def _es_rank(args, cfg, comm, out: Path) -> None:
         run(cfg, edges, problems, out, progress=not args.no_progress, resume=bool(args.resume))
     finally:
         edges.task.close()
+
+
+def _probe_sigmas(text: str) -> list[float]:
+    try:
+        sigmas = [float(x) for x in text.split(",")]
+    except ValueError:
+        sigmas = []
+    if not sigmas or not all(s > 0 and math.isfinite(s) for s in sigmas):
+        raise BadInput(f"--probe-sigma {text!r} must be a comma-separated list of positive "
+                       f"numbers, e.g. 0.001,0.003,0.01.")
+    return sigmas
+
+
+def _probe(cfg, edges, problems, sigmas, out: Path, lead: bool) -> None:
+    from es_llm.es.engine import probe_sigma
+    from es_llm.io import write_text_atomic
+
+    rows = probe_sigma(edges, cfg, problems, sigmas)
+    if not lead:
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(out / "probe_sigma.json", json.dumps(rows, indent=1) + "\n")
+    keys = [k for k in rows[0] if k != "sigma"]
+    print("sigma      " + "  ".join(f"{k:>20}" for k in keys))
+    for r in rows:
+        print(f"{r['sigma']:<10g} " + "  ".join(f"{r[k]:>20.3f}" for k in keys))
+    print(f"wrote {out / 'probe_sigma.json'}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,7 +10,9 @@ This is OpenAI ES (Salimans et al. 2017, arXiv 1703.03864) in the simplified for
 al. 2025 (arXiv 2509.24372, Alg. 2): theta += lr * (1/N) sum_n w_n s_n eps_n, with 1/sigma in
 the learning rate unless ``divide_by_sigma``. Departures from Qiu et al.: optional
 antithetic pairs, rank or grouped shaping, Adam, anchored decay, and noise keyed per
-tensor name (their per-tensor reseeding with one seed correlates tensors).
+tensor name (their per-tensor reseeding with one seed correlates tensors). ``kind`` picks
+the perturbation (``populations.perturbations``): full-rank noise, or EGGROLL's rank-r
+``A B^T / sqrt(r)`` on matrices (``populations.lowrank``).
 
 Only ``(run_seed, iteration)`` and ``rewards_N_P`` enter ``tell``, so every rank that holds the
 same state and rewards computes a bitwise identical next state (seed-only communication).
@@ -25,9 +27,11 @@ from typing import Mapping
 
 import torch
 
-from populations.estimators import accumulate, direction_coefficients
-from populations.noise import Member, NoiseFn, check_noise_device, keyed_noise, population
+from populations.estimators import direction_coefficients
+from populations.noise import Member, NoiseFn, check_noise_device, population
 from populations.optimizers import OptimizerConfig, OptimizerState, make_optimizer
+from populations.perturbations import (VECTOR_MODES, KindInput, Perturbation, kind_names,
+                                       perturbation)
 from populations.shaping import shape_fitness, shaping_names
 
 
@@ -41,7 +45,7 @@ class ESConfig:
     sigma: float = 1e-3
     # Mirrored pairs (+eps, -eps) share a direction; needs an even population.
     antithetic: bool = True
-    # Registered fitness shaping: zscore, centered_rank, group_zscore or raw.
+    # Registered fitness shaping: zscore, centered_rank, group_zscore, pair_diff or raw.
     shaping: str = "zscore"
     # Divide the estimate by sigma (textbook); False folds 1/sigma into lr as Qiu et al. do.
     divide_by_sigma: bool = False
@@ -52,6 +56,12 @@ class ESConfig:
     # Where noise is drawn: "cpu" (the same values on every machine) or "cuda" (fast on an
     # accelerator, different values; see noise.gaussian).
     noise_device: str = "cpu"
+    # Perturbation kind (populations.perturbations): full or lowrank.
+    kind: str = "full"
+    # Rank r of each matrix's perturbation under kind "lowrank".
+    rank: int = 1
+    # Non-matrix tensors under kind "lowrank": frozen or full (i.i.d. noise).
+    vectors: str = "frozen"
 
     def __post_init__(self):
         population(self.population, self.antithetic)  # raises on a bad or odd-antithetic N
@@ -66,6 +76,16 @@ class ESConfig:
         check_noise_device(self.noise_device)
         if not isinstance(self.optimizer, OptimizerConfig):
             raise ValueError(f"optimizer must be an OptimizerConfig, got {self.optimizer!r}")
+        if self.kind not in kind_names():
+            raise ValueError(f"unknown perturbation kind {self.kind!r}; choose one of "
+                             f"{', '.join(kind_names())}")
+        if not isinstance(self.rank, int) or isinstance(self.rank, bool) or self.rank < 1:
+            raise ValueError(f"rank must be an int >= 1, got {self.rank!r}")
+        if self.vectors not in VECTOR_MODES:
+            raise ValueError(f"unknown vectors mode {self.vectors!r}; choose one of "
+                             f"{', '.join(VECTOR_MODES)}")
+        if self.shaping == "pair_diff" and not self.antithetic:
+            raise ValueError("shaping 'pair_diff' needs antithetic pairs (antithetic=True)")
 
 
 @dataclass(frozen=True)
@@ -88,9 +108,16 @@ def ask(cfg: ESConfig, state: ESState) -> tuple[Member, ...]:
     return population(cfg.population, cfg.antithetic)
 
 
+def perturbation_of(cfg: ESConfig, iteration: int) -> Perturbation:
+    """The perturbation (``cfg.kind``) of ``iteration``: its dense noise and its estimate."""
+    return perturbation(cfg.kind, KindInput(cfg.run_seed, iteration, cfg.rank, cfg.vectors,
+                                            cfg.noise_device))
+
+
 def noise_for(cfg: ESConfig, state: ESState) -> NoiseFn:
-    """``(direction, name, shape) -> eps`` (fp32, on ``cfg.noise_device``) for ``state.iteration``."""
-    return keyed_noise(cfg.run_seed, state.iteration, device=cfg.noise_device)
+    """``(direction, name, shape) -> eps`` (fp32) for ``state.iteration``: a member with
+    sign s is evaluated at ``theta + s * sigma * eps``."""
+    return perturbation_of(cfg, state.iteration).dense
 
 
 def perturb(theta: torch.Tensor, eps: torch.Tensor, sign: int, sigma: float, *,
@@ -116,9 +143,30 @@ def _norm(tensors: Mapping[str, torch.Tensor]) -> float:
     return math.sqrt(sum(float(tensors[k].double().square().sum()) for k in sorted(tensors)))
 
 
-def tell(cfg: ESConfig, state: ESState,
-         rewards_N_P: torch.Tensor) -> tuple[ESState, dict[str, float]]:
+def realised_cosine(old: Mapping[str, torch.Tensor], new: Mapping[str, torch.Tensor],
+                    dtype: torch.dtype) -> float:
+    """Cosine between the intended update ``new - old`` (fp32 masters) and the one a model
+    served in ``dtype`` realises, ``cast(new) - cast(old)``, over all tensors. Updates far
+    below the dtype's spacing round away (1.0 means nothing was lost; 0.0 that nothing
+    moved; es-at-scale saw ~1e-5 updates vanish in bf16)."""
+    dot = intended = realised = 0.0
+    for k in sorted(old):
+        i = (new[k] - old[k]).double()
+        r = (new[k].to(dtype).double() - old[k].to(dtype).double())
+        dot += float((i * r).sum())
+        intended += float(i.square().sum())
+        realised += float(r.square().sum())
+    if intended == 0.0 or realised == 0.0:
+        return 1.0 if intended == realised else 0.0
+    return dot / math.sqrt(intended * realised)
+
+
+def tell(cfg: ESConfig, state: ESState, rewards_N_P: torch.Tensor,
+         groups_N_P: torch.Tensor | None = None) -> tuple[ESState, dict[str, float]]:
     """Shape ``rewards_N_P`` (row n = member n of ``ask``), estimate, step; a new state.
+
+    ``groups_N_P`` names the prompt behind each reward when members were scored on different
+    prompts (see ``shaping.ShapingInput``); None means column p is prompt p for every member.
 
     Metrics (floats): ``reward_mean/std/min/max`` over member fitness (mean over prompts),
     ``grad_norm`` of the estimate, ``update_norm`` = ||theta' - theta||, ``param_norm`` =
@@ -128,11 +176,11 @@ def tell(cfg: ESConfig, state: ESState,
     if rewards_N_P.dim() != 2 or rewards_N_P.shape[0] != cfg.population:
         raise ValueError(f"rewards_N_P must have {cfg.population} rows (one per member), got "
                          f"shape {tuple(rewards_N_P.shape)}")
-    weights_N = shape_fitness(cfg.shaping, rewards_N_P)
+    weights_N = shape_fitness(cfg.shaping, rewards_N_P, groups_N_P=groups_N_P)
     sigma = cfg.sigma if cfg.divide_by_sigma else None
     coefs = direction_coefficients(weights_N, ask(cfg, state), sigma=sigma)
-    eps_for = noise_for(cfg, state)
-    grads = {k: accumulate(coefs, k, v.shape, eps_for, device=v.device)
+    pert = perturbation_of(cfg, state.iteration)
+    grads = {k: pert.estimate(coefs, k, v.shape, device=v.device)
              for k, v in state.params.items()}
     params, opt = make_optimizer(cfg.optimizer).update(grads, state.opt, state.params)
 

@@ -33,6 +33,9 @@ class ShapingInput:
     # Added to a standard deviation before dividing, so near-constant rewards give large but
     # finite weights; exactly constant rewards give exactly 0 (see the shapers).
     eps: float = 1e-8
+    # The prompt behind each reward (any integer ids, shape of rewards_N_P) when members were
+    # scored on different prompts; None: column p is the same prompt p for every member.
+    groups_N_P: torch.Tensor | None = None
 
     def __post_init__(self):
         r = self.rewards_N_P
@@ -43,6 +46,11 @@ class ShapingInput:
             raise ValueError("rewards_N_P must be real and finite (no NaN or inf)")
         if not (isinstance(self.eps, (int, float)) and self.eps >= 0 and math.isfinite(self.eps)):
             raise ValueError(f"eps must be a finite number >= 0, got {self.eps!r}")
+        g = self.groups_N_P
+        if g is not None and (not isinstance(g, torch.Tensor) or g.shape != r.shape
+                              or g.is_floating_point() or g.is_complex()):
+            raise ValueError(f"groups_N_P must be an integer tensor of rewards_N_P's shape "
+                             f"{tuple(r.shape)}, got {getattr(g, 'shape', g)!r}")
 
     @property
     def fitness_N(self) -> torch.Tensor:
@@ -67,7 +75,8 @@ def shaping_names() -> list[str]:
     return sorted(_SHAPINGS)
 
 
-def shape_fitness(name: str, rewards_N_P: torch.Tensor, *, eps: float = 1e-8) -> torch.Tensor:
+def shape_fitness(name: str, rewards_N_P: torch.Tensor, *, eps: float = 1e-8,
+                  groups_N_P: torch.Tensor | None = None) -> torch.Tensor:
     """``weights_N`` (float64, CPU) of shaping ``name`` applied to ``rewards_N_P``.
 
     Raises ValueError naming the valid shapings if ``name`` is not registered.
@@ -75,7 +84,7 @@ def shape_fitness(name: str, rewards_N_P: torch.Tensor, *, eps: float = 1e-8) ->
     if name not in _SHAPINGS:
         raise ValueError(f"unknown fitness shaping {name!r}; choose one of "
                          f"{', '.join(shaping_names())}")
-    return _SHAPINGS[name](ShapingInput(rewards_N_P, eps))
+    return _SHAPINGS[name](ShapingInput(rewards_N_P, eps, groups_N_P))
 
 
 def _centred(x: torch.Tensor, dim: int, eps: float | None = None) -> torch.Tensor:
@@ -133,12 +142,53 @@ def group_zscore(inp: ShapingInput) -> torch.Tensor:
     with the population std over members; a column where every member scores the same
     carries no signal and contributes exactly 0. Then ``w[n] = mean_p z[n, p]``.
 
+    With ``groups_N_P`` (members scored on different prompts) a prompt's group is every
+    reward with its id, wherever it sits: each reward is standardised within its group and
+    ``w[n]`` is the mean over member n's rewards. A prompt only one member saw contributes 0.
+
     After EGGROLL (arXiv 2511.16652) grouped fitness, which subtracts each group's mean and
     divides by one global std; departure: here each prompt is standardised by its own std,
     like GRPO's group advantages, so easy or hard prompts do not dominate the weight.
     """
     r_N_P = inp.rewards_N_P.detach().to("cpu", torch.float64)
-    return _centred(r_N_P, 0, inp.eps).mean(dim=1)
+    if inp.groups_N_P is None:
+        return _centred(r_N_P, 0, inp.eps).mean(dim=1)
+    r, (_, inverse) = r_N_P.flatten(), torch.unique(inp.groups_N_P.flatten().cpu(),
+                                                     return_inverse=True)
+    G = int(inverse.max()) + 1
+    zeros = torch.zeros(G, dtype=torch.float64)
+    count = zeros.index_add(0, inverse, torch.ones_like(r))
+    mean = zeros.index_add(0, inverse, r) / count
+    std = (zeros.index_add(0, inverse, (r - mean[inverse]).square()) / count).sqrt()
+    high = torch.full((G,), -math.inf, dtype=torch.float64).scatter_reduce(
+        0, inverse, r, "amax")
+    low = torch.full((G,), math.inf, dtype=torch.float64).scatter_reduce(0, inverse, r, "amin")
+    z = (r - mean[inverse]) / (std[inverse] + inp.eps)
+    z = torch.where(high[inverse] == low[inverse], torch.zeros_like(z), z)
+    return z.view_as(r_N_P).mean(dim=1)
+
+
+@register_shaping("pair_diff")
+def pair_diff(inp: ShapingInput) -> torch.Tensor:
+    """Antithetic paired differences normalised over pairs, shape ``(N,)``.
+
+    Rows 2j and 2j+1 are the +eps and -eps members of pair j (``noise.population``). With
+    fitness f and d_j = f_2j - f_2j+1, ``w_2j = d_j / (2 (rms(d) + eps))`` and
+    ``w_2j+1 = -w_2j``, so direction j's coefficient is d_j / (rms(d) + eps) / N. When every
+    pair is scored on its own prompts this leaves out what z-scores over all members divide
+    by: the spread of pair means, which measures how hard each pair's prompts were, not the
+    noise. All d_j = 0 gives exactly 0. The project's reading of EGGROLL's per-prompt
+    grouping for antithetic pairs; not a published formula.
+    """
+    f_N = inp.fitness_N
+    if f_N.numel() % 2:
+        raise ValueError(f"pair_diff needs an even number of members, got {f_N.numel()}")
+    d_J = f_N[0::2] - f_N[1::2]
+    rms = float(d_J.square().mean().sqrt())
+    if rms == 0.0:
+        return torch.zeros_like(f_N)
+    w_J = d_J / (2 * (rms + inp.eps))
+    return torch.stack([w_J, -w_J], dim=1).flatten()
 
 
 @register_shaping("raw")

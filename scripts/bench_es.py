@@ -15,6 +15,16 @@ Measures (record the output in docs/benchmarks.md with the machine):
 5. ES population throughput (samples/s) against plain generation of the same prompts and
    sample count on the same backend, without ES.
 
+``--lowrank`` measures low-rank ES instead (es.kind=lowrank, es.serve=rows, HF backend):
+6. population throughput against plain batched generation of the same sequences in the
+   same batches, without the member terms;
+7. low-rank against full-rank ES at the same population and prompts per member, in
+   generated samples per second (full rank writes each member's weights);
+8. peak resident memory of one iteration (evaluation and update) at ``--peak-population``
+   members, in a fresh process, against the same process after loading the model;
+9. with ``--vllm-lora``: the population served by vLLM as one LoRA adapter per member,
+   against plain vLLM generation of the same sequences and the HF rows path.
+
 ``--model-shape qwen2.5-0.5b`` benchmarks a randomly initialised model of Qwen2.5-0.5B's
 shape instead of a testbed model: Llama architecture with its hidden size (896), depth (24),
 heads (14 query, 2 key/value), MLP width (4864), vocabulary (151,936) and tied embeddings,
@@ -25,7 +35,9 @@ its completions are random characters: rewards are 0 and only the timings mean a
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import math
 import pickle
 import random
 import shutil
@@ -41,13 +53,14 @@ import torch
 from es_llm.backends.base import SamplingParams
 from es_llm.comm.serial import SerialComm
 from es_llm.es.config import ESRunConfig, ESSettings
-from es_llm.es.engine import es_config, evaluate_members, prompt_batch
+from es_llm.es.engine import es_config, evaluate_members, member_prompts, prompt_batch
 from es_llm.es.setup import build_edges
 from es_llm.evaluate import resolve_training_data
 from es_llm.tasks import TaskConfig
 from es_llm.testbed.build import build_testbed
 from es_llm.testbed.config import load_testbed_config
 from populations import es as pes
+from populations import lowrank
 from populations.noise import keyed_noise
 
 
@@ -165,10 +178,190 @@ def iteration_times(model: str, cfg_args: list[str], ranks: int) -> float:
     return statistics.median(r["perf/iter_s"] for r in rows[1:])  # the first one warms up
 
 
+def lowrank_cfg(model: str, args, population: int) -> ESRunConfig:
+    """The low-rank run a measurement uses: each mirrored pair on its own prompts, 4 pairs
+    per prompt (as EGGROLL scores 8 members per prompt)."""
+    k = args.prompts_per_member
+    return resolve_training_data(ESRunConfig(
+        model=model, task=TaskConfig(name="countdown"), backend="hf", device=args.device,
+        dtype=args.dtype, max_tokens=args.max_tokens,
+        prompts_per_iteration=max(k, population // 8 * k),
+        es=ESSettings(population=population, sigma=0.01, lr=0.005, antithetic=True,
+                      kind="lowrank", rank=args.rank, serve="rows", prompts_per_member=k,
+                      members_per_call=args.members_per_call, noise_device=args.noise_device)))
+
+
+def lowrank_setup(model: str, args, population: int):
+    """The run, its edges, and iteration 0's state, members and prompt batch."""
+    cfg = lowrank_cfg(model, args, population)
+    edges, problems = build_edges(cfg, SerialComm())
+    es_cfg = es_config(cfg)
+    state = pes.init(es_cfg, edges.weights.master)
+    return cfg, edges, es_cfg, state, pes.ask(es_cfg, state), prompt_batch(problems, cfg, 0)
+
+
+def lowrank_throughput(model: str, args) -> dict:
+    """Items 6 and 7 at ``--population`` members."""
+    cfg, edges, es_cfg, state, members, batch = lowrank_setup(model, args, args.population)
+    params = SamplingParams(n=1, temperature=0.0, max_tokens=cfg.max_tokens, seed=cfg.seed)
+    assigned = member_prompts(members, len(batch), cfg.es.prompts_per_member)
+    rows = [batch[i].prompt for m in members for i in assigned[m.index]]
+    per_call = cfg.es.members_per_call * cfg.es.prompts_per_member
+
+    def plain():
+        for start in range(0, len(rows), per_call):
+            edges.backend.generate(rows[start:start + per_call], params)
+
+    plain(), evaluate_members(edges, es_cfg, state, members, batch, cfg)  # warm up
+    t_plain = timed(plain, args.repeats)
+    t_rows = timed(lambda: evaluate_members(edges, es_cfg, state, members, batch, cfg),
+                   args.repeats)
+    rewards_N_P = torch.rand(len(members), cfg.es.prompts_per_member, dtype=torch.float64,
+                             generator=torch.Generator().manual_seed(0))
+    t_tell = timed(lambda: pes.tell(es_cfg, state, rewards_N_P), args.repeats)
+    # Full rank at the same members and prompts: each member's weights written, then its
+    # prompts generated (the only way full-rank members can be served).
+    full = dataclasses.replace(cfg, es=dataclasses.replace(cfg.es, kind="full", serve="weights"))
+    f_edges, _ = build_edges(full, SerialComm())
+    f_cfg = es_config(full)
+    f_state = pes.init(f_cfg, f_edges.weights.master)
+    t_full = timed(lambda: evaluate_members(f_edges, f_cfg, f_state, members, batch, full), 1)
+    for e in (edges, f_edges):
+        e.task.close()
+    return {"parameters": sum(t.numel() for t in edges.weights.master.values()),
+            "samples": len(rows), "rows_s": t_rows, "plain_s": t_plain, "full_s": t_full,
+            "tell_s": t_tell, "per_call": per_call}
+
+
+def peak_memory_child(model: str, args) -> None:
+    """Item 8, run as its own process: one low-rank iteration at ``--peak-population``."""
+    import resource
+
+    cfg, edges, es_cfg, state, members, batch = lowrank_setup(model, args, args.peak_population)
+    loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    t0 = time.perf_counter()
+    out = evaluate_members(edges, es_cfg, state, members, batch, cfg)
+    t_eval = time.perf_counter() - t0
+    rewards_N_P = torch.tensor([out[n][0] for n in range(len(members))], dtype=torch.float64)
+    groups_N_P = torch.tensor(member_prompts(members, len(batch), cfg.es.prompts_per_member))
+    t0 = time.perf_counter()
+    pes.tell(es_cfg, state, rewards_N_P, groups_N_P)
+    print(json.dumps({"loaded_kb": loaded, "peak_kb": resource.getrusage(
+        resource.RUSAGE_SELF).ru_maxrss, "eval_s": t_eval, "tell_s": time.perf_counter() - t0,
+        "samples": rewards_N_P.numel()}))
+    edges.task.close()
+
+
+def vllm_lora_throughput(model: str, args, tmp: Path) -> dict:
+    """Item 9: the population as one vLLM LoRA adapter per member (the published EGGROLL
+    code for transformer LLMs), against plain generation in the same engine. Adapters are
+    written in PEFT format from the same keyed factors on the linear layers (lora_A = B^T,
+    lora_B = sign sigma A / sqrt(r), alpha = r so the scale is 1); the embedding is left out,
+    as vLLM's LoRA does not cover a tied embedding."""
+    from safetensors.torch import save_file
+
+    from es_llm.backends.vllm_backend import VLLMBackend
+
+    cfg, edges, es_cfg, state, members, batch = lowrank_setup(model, args, args.population)
+    assigned = member_prompts(members, len(batch), cfg.es.prompts_per_member)
+    linear = [n for n in edges.rows.matrices if "embed" not in n]
+    targets = sorted({n.split(".")[-2] for n in linear})
+    factors_for = lowrank.keyed_factors(cfg.seed, 0, args.rank)
+    scale = cfg.es.sigma / math.sqrt(args.rank)
+    paths = []
+    t0 = time.perf_counter()
+    for m in members:
+        folder = tmp / "adapters" / f"m{m.index}"
+        folder.mkdir(parents=True)
+        tensors = {}
+        for n in linear:
+            A, B = factors_for(m.direction, n, edges.weights.master[n].shape)
+            stem = "base_model.model." + n.removesuffix(".weight")
+            tensors[f"{stem}.lora_A.weight"] = B.T.contiguous()
+            tensors[f"{stem}.lora_B.weight"] = (A * (m.sign * scale)).contiguous()
+        save_file(tensors, str(folder / "adapter_model.safetensors"))
+        (folder / "adapter_config.json").write_text(json.dumps({
+            "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": args.rank,
+            "lora_alpha": args.rank, "target_modules": targets, "bias": "none",
+            "base_model_name_or_path": model}))
+        paths.append(folder)
+    t_write = time.perf_counter() - t0
+    edges.task.close()
+    from vllm import SamplingParams as VSP
+    from vllm.lora.request import LoRARequest
+
+    backend = VLLMBackend(model, dtype=args.dtype, prefix_caching=False, engine_args={
+        "enable_lora": True, "max_loras": args.members_per_call, "max_lora_rank": args.rank})
+    rows = [(m, batch[i].prompt) for m in members for i in assigned[m.index]]
+    params = VSP(temperature=0.0, max_tokens=args.max_tokens)
+    per_call = args.members_per_call * cfg.es.prompts_per_member
+
+    def plain():
+        texts = []
+        for s in range(0, len(rows), per_call):
+            outs = backend.llm.generate([p for _, p in rows[s:s + per_call]], params,
+                                        use_tqdm=False)
+            texts += [o.outputs[0].text for o in outs]
+        return texts
+
+    def lora(step=[0]):  # a fresh adapter id per pass, as the published code uses per step
+        step[0] += 1
+        texts = []
+        for s in range(0, len(rows), per_call):
+            chunk = rows[s:s + per_call]
+            requests = [LoRARequest(f"m{m.index}-{step[0]}", step[0] * 100000 + m.index + 1,
+                                    str(paths[m.index])) for m, _ in chunk]
+            outs = backend.llm.generate([p for _, p in chunk], params, lora_request=requests,
+                                        use_tqdm=False)
+            texts += [o.outputs[0].text for o in outs]
+        return texts
+
+    # Warm up, and check the adapters act: some members' texts must differ from the base's.
+    differs = sum(a != b for a, b in zip(plain(), lora())) / len(rows)
+    t_plain = timed(plain, args.repeats)
+    t_lora = timed(lora, args.repeats)
+    return {"samples": len(rows), "plain_s": t_plain, "lora_s": t_lora, "write_s": t_write,
+            "differs": differs}
+
+
+def lowrank_report(path: Path, what: str, args) -> None:
+    r = lowrank_throughput(str(path), args)
+    child = subprocess.run([sys.executable, __file__, "--lowrank", "--peak-child", str(path),
+                            *sys.argv[1:]], check=True, capture_output=True, text=True)
+    v = None
+    if args.vllm_lora:  # in a fresh process: vLLM cannot start where evotorch was imported
+        child_v = subprocess.run([sys.executable, __file__, "--lowrank", "--vllm-lora-child",
+                                  str(path), *sys.argv[1:]], check=True, capture_output=True,
+                                 text=True)
+        v = json.loads(child_v.stdout.strip().splitlines()[-1])
+    peak = json.loads(child.stdout.strip().splitlines()[-1])
+    print(f"{what} ({r['parameters']:,} evolving parameters), low-rank r={args.rank}, backend hf, "
+          f"device {args.device}, {args.dtype}, N={args.population} (mirrored), "
+          f"{args.prompts_per_member} prompts per pair, {r['per_call']} rows per call, "
+          f"{args.max_tokens} tokens, greedy")
+    print(f"6. low-rank population {r['samples'] / r['rows_s']:.0f} samples/s vs plain batched "
+          f"generation {r['samples'] / r['plain_s']:.0f} samples/s: "
+          f"{r['plain_s'] / r['rows_s']:.2f}x (update {r['tell_s']:.2f} s per iteration)")
+    print(f"7. low-rank {r['samples'] / r['rows_s']:.0f} samples/s vs full-rank "
+          f"{r['samples'] / r['full_s']:.1f} samples/s at N={args.population}: "
+          f"{r['full_s'] / r['rows_s']:.1f}x")
+    print(f"8. N={args.peak_population}: peak RSS {peak['peak_kb'] / 1024:,.0f} MiB vs "
+          f"{peak['loaded_kb'] / 1024:,.0f} MiB after loading ({peak['samples']:,} samples: "
+          f"evaluation {peak['eval_s']:.1f} s, update {peak['tell_s']:.1f} s)")
+    if v:
+        print(f"9. vLLM multi-LoRA (one adapter per member) {v['samples'] / v['lora_s']:.0f} "
+              f"samples/s vs plain vLLM {v['samples'] / v['plain_s']:.0f} samples/s: "
+              f"{v['plain_s'] / v['lora_s']:.2f}x; vs the HF rows path "
+              f"{r['samples'] / r['rows_s']:.0f} samples/s: "
+              f"{r['rows_s'] / v['lora_s'] * v['samples'] / r['samples']:.2f}x "
+              f"(writing {args.population} adapters took {v['write_s']:.1f} s; "
+              f"{100 * v['differs']:.0f}% of member texts differ from the base model's)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--size", choices=["ci", "default"], default="default",
+    ap.add_argument("--size", choices=["ci", "default", "habits"], default="default",
                     help="testbed preset (ignored with --model-shape qwen2.5-0.5b)")
     ap.add_argument("--model-shape", choices=["testbed", "qwen2.5-0.5b"], default="testbed",
                     help="benchmark a testbed model or a random model of Qwen2.5-0.5B's shape")
@@ -185,7 +378,26 @@ def main() -> None:
     ap.add_argument("--iterations", type=int, default=4, help="iterations per timed run")
     ap.add_argument("--repeats", type=int, default=5, help="repeats of the micro timings")
     ap.add_argument("--skip-mpi", action="store_true", help="leave out item 4 (mpirun -n 2)")
+    ap.add_argument("--lowrank", action="store_true",
+                    help="measure low-rank ES (items 6-8) instead of items 1-5")
+    ap.add_argument("--rank", type=int, default=1, help="low-rank: rank r of the perturbations")
+    ap.add_argument("--prompts-per-member", type=int, default=4,
+                    help="low-rank: prompts each mirrored pair is scored on")
+    ap.add_argument("--members-per-call", type=int, default=64,
+                    help="low-rank: members in one batched generate call")
+    ap.add_argument("--peak-population", type=int, default=4096,
+                    help="low-rank: population of the peak-memory measurement (item 8)")
+    ap.add_argument("--vllm-lora", action="store_true",
+                    help="low-rank: also measure the population as vLLM LoRA adapters (item 9)")
+    ap.add_argument("--peak-child", metavar="MODEL", help=argparse.SUPPRESS)
+    ap.add_argument("--vllm-lora-child", metavar="MODEL", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.peak_child:
+        return peak_memory_child(args.peak_child, args)
+    if args.vllm_lora_child:
+        with tempfile.TemporaryDirectory(prefix="bench-es-lora-") as tmp:
+            print(json.dumps(vllm_lora_throughput(args.vllm_lora_child, args, Path(tmp))))
+        return
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-es-model-"))
     if args.model_shape == "testbed":
@@ -194,6 +406,10 @@ def main() -> None:
     else:
         path = qwen_shaped_model(tmp / "model", args.device, args.dtype)
         what = "random Qwen2.5-0.5B-shaped model"
+    if args.lowrank:
+        lowrank_report(path, what, args)
+        shutil.rmtree(tmp, ignore_errors=True)
+        return
     es_args = [f"backend={args.backend}", f"iterations={args.iterations}",
                f"es.population={args.population}", f"prompts_per_iteration={args.prompts}",
                f"max_tokens={args.max_tokens}", f"device={args.device}", f"dtype={args.dtype}",

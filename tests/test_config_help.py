@@ -53,7 +53,7 @@ def test_es_help_config_documents_its_keys():
     assert "es.sigma  (float, default 0.001)\n    Noise scale" in text
     assert "es.population  (int, default 30)" in text
     # A choice field lists what its registry accepts.
-    assert entry(text, "es.shaping").endswith("Choices: centered_rank, group_zscore, raw, zscore.")
+    assert entry(text, "es.shaping").endswith("Choices: centered_rank, group_zscore, pair_diff, raw, zscore.")
     assert "comm_timeout_s  (float, default 300.0)" in text
 
 

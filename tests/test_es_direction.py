@@ -1,5 +1,6 @@
 """ES moves a real LM toward its reward: a dense synthetic reward on the ci testbed
-("write the digit 7"), ten iterations, greedy reward before and after."""
+("write the digit 7"), ten iterations of full-rank and of low-rank ES, greedy reward before
+and after."""
 
 from __future__ import annotations
 
@@ -47,13 +48,18 @@ def greedy_reward(edges, problems) -> float:
 
 
 @pytest.mark.slow
-def test_es_raises_a_dense_reward_on_the_ci_testbed(ci_testbed, tmp_path, sevens_task):
+@pytest.mark.parametrize("es", [
+    ESSettings(population=16, sigma=0.02, lr=0.02, antithetic=True),
+    # Low-rank members served as rows of one batched call, each pair on its own 4 prompts.
+    ESSettings(population=128, sigma=0.02, lr=0.02, antithetic=True, kind="lowrank", rank=1,
+               serve="rows", prompts_per_member=4, members_per_call=64, shaping="pair_diff"),
+], ids=["full", "lowrank"])
+def test_es_raises_a_dense_reward_on_the_ci_testbed(ci_testbed, tmp_path, sevens_task, es):
     cfg = ESRunConfig(model=str(ci_testbed),
                       task=TaskConfig(name="sevens",
                                       data=str(ci_testbed / "data" / "countdown_rl.jsonl")),
-                      es=ESSettings(population=16, sigma=0.02, lr=0.02, antithetic=True),
-                      iterations=10, prompts_per_iteration=32, max_tokens=32, backend="hf",
-                      checkpoint_every=100)
+                      es=es, iterations=10, prompts_per_iteration=32, max_tokens=32,
+                      backend="hf", checkpoint_every=100)
     edges, problems = build_edges(resolve_training_data(cfg), SerialComm())
     held = problems[:64]
     before = greedy_reward(edges, held)

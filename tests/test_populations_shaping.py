@@ -15,8 +15,8 @@ def col(*values) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.float64)[:, None]
 
 
-def test_registry_holds_the_four_shapings():
-    assert shaping_names() == ["centered_rank", "group_zscore", "raw", "zscore"]
+def test_registry_holds_the_five_shapings():
+    assert shaping_names() == ["centered_rank", "group_zscore", "pair_diff", "raw", "zscore"]
 
 
 def test_centered_ranks_by_hand():
@@ -61,9 +61,12 @@ def test_zscore_by_hand():
 def test_constant_rewards_give_exactly_zero_weights():
     # The mean of three 0.1s is 0.10000000000000002 in float64; without the explicit check
     # the z-scores would be ~1.4e-17 / 1e-8 ~ 1e-9 instead of 0, a spurious update.
-    r = col(0.1, 0.1, 0.1)
-    for name in shaping_names():
-        assert shape_fitness(name, r).tolist() == [0.0] * 3, name
+    for r in (col(0.1, 0.1, 0.1), col(0.1, 0.1, 0.1, 0.1)):
+        N = r.shape[0]
+        for name in shaping_names():
+            if name == "pair_diff" and N % 2:
+                continue  # mirrored pairs only (tested in test_populations_lowrank.py)
+            assert shape_fitness(name, r).tolist() == [0.0] * N, name
 
 
 def test_group_zscore_by_hand_with_a_zero_variance_column():
@@ -97,7 +100,7 @@ def test_raw_is_centred_fitness():
 
 
 def test_unknown_name_lists_the_valid_ones():
-    with pytest.raises(ValueError, match="centered_rank, group_zscore, raw, zscore"):
+    with pytest.raises(ValueError, match="centered_rank, group_zscore, pair_diff, raw, zscore"):
         shape_fitness("rank", col(1, 2))
 
 

@@ -123,32 +123,34 @@ class HFBackend:
                          use_cache=True)
         cache, logits_B_V = out.past_key_values, out.logits[:, -1]
         next_pos_B = pos_B_L[:, -1] + 1
-        tokens, lps = [[] for _ in range(B)], [[] for _ in range(B)]
-        done = [False] * B
-        finish = ["length"] * B
-        texts = [""] * B
-        for _ in range(params.max_tokens):
+        # Per-row state lives in tensors: at thousands of rows (an ES population in one call)
+        # a Python loop over rows at every token would cost more than the model.
+        tokens_B_T = torch.zeros((B, params.max_tokens), dtype=torch.long)
+        lps_B_T = torch.zeros((B, params.max_tokens), dtype=torch.float32)
+        length_B = torch.zeros(B, dtype=torch.long)
+        done_B = torch.zeros(B, dtype=torch.bool)
+        stopped_B = torch.zeros(B, dtype=torch.bool)
+        for step in range(params.max_tokens):
             next_B = nucleus_sample(logits_B_V, params.temperature, params.top_p,
                                     generator).to(self.device)
+            active_B = ~done_B
+            # Like vLLM, the ids (and logprobs) end with the EOS that stopped the row, so a
+            # trainer sees the decision to stop; the text leaves it out.
+            tokens_B_T[:, step] = next_B.cpu()
             if params.logprobs:
-                lp_B = sampled_logprobs(logits_B_V, next_B, params, self.logprobs_mode)
-            for i in range(B):
-                if done[i]:
-                    continue
-                t = int(next_B[i])
-                # Like vLLM, the ids (and logprobs) end with the EOS that stopped the row, so
-                # a trainer sees the decision to stop; the text leaves it out.
-                tokens[i].append(t)
-                if params.logprobs:
-                    lps[i].append(float(lp_B[i]))
-                if t == tok.eos_token_id:
-                    done[i], finish[i] = True, "stop"
-                    continue
-                if params.stop:
-                    texts[i] = tok.decode(tokens[i], skip_special_tokens=True)
-                    if any(s in texts[i] for s in params.stop):
-                        done[i], finish[i] = True, "stop"
-            if all(done):
+                lps_B_T[:, step] = sampled_logprobs(logits_B_V, next_B, params,
+                                                    self.logprobs_mode).cpu()
+            length_B += active_B
+            eos_B = active_B & (tokens_B_T[:, step] == tok.eos_token_id)
+            stopped_B |= eos_B
+            done_B |= eos_B
+            if params.stop:
+                for i in (active_B & ~eos_B).nonzero().flatten().tolist():
+                    text = tok.decode(tokens_B_T[i, :length_B[i]].tolist(),
+                                      skip_special_tokens=True)
+                    if any(s in text for s in params.stop):
+                        done_B[i] = stopped_B[i] = True
+            if bool(done_B.all()):
                 break
             mask_B_L = torch.cat([mask_B_L, torch.ones((B, 1), dtype=torch.long,
                                                        device=self.device)], dim=1)
@@ -157,8 +159,11 @@ class HFBackend:
                              use_cache=True)
             cache, logits_B_V = out.past_key_values, out.logits[:, -1]
             next_pos_B = next_pos_B + 1
-        return [self._finish(tokens[i], lps[i] if params.logprobs else None, finish[i], params)
-                for i in range(B)]
+        lengths = length_B.tolist()
+        return [self._finish(tokens_B_T[i, :n].tolist(),
+                             lps_B_T[i, :n].tolist() if params.logprobs else None,
+                             "stop" if stopped_B[i] else "length", params)
+                for i, n in enumerate(lengths)]
 
     def _finish(self, token_ids: list[int], logprobs, finish: str,
                 params: SamplingParams) -> Completion:

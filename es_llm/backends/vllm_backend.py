@@ -56,6 +56,7 @@ class VLLMBackend:
     ``for_es=True`` is the ES set-up, shorthand for ``worker_extension=True,
     prefix_caching=False`` (an ES member's weights differ from the next member's while the
     prompts are the same, so cached prefixes would be stale at every step).
+    ``engine_args`` go to ``vllm.LLM`` as they are (e.g. ``enable_lora``).
     """
 
     name = "vllm"
@@ -63,7 +64,8 @@ class VLLMBackend:
     def __init__(self, model_path: str, max_model_len: int | None = None, dtype: str = "float32",
                  kv_cache_gib: int = 1, memory_utilization: float = 0.3, seed: int = 0,
                  for_es: bool = False, logprobs_mode: str = "raw",
-                 worker_extension: bool = False, prefix_caching: bool = True):
+                 worker_extension: bool = False, prefix_caching: bool = True,
+                 engine_args: dict | None = None):
         self.logprobs_mode = check_logprobs_mode(logprobs_mode)
         if for_es:
             worker_extension, prefix_caching = True, False
@@ -82,6 +84,7 @@ class VLLMBackend:
             extra["worker_extension_cls"] = "es_llm.backends.vllm_weights.ESWorkerExtension"
         if not prefix_caching:
             extra["enable_prefix_caching"] = False
+        extra.update(engine_args or {})
         self.worker_extension = worker_extension
         # Chunked prefill off: with seeded sampling, vLLM's CPU path rewinds a per-request
         # generator after a partial prefill, which the CPU generator does not support.

@@ -19,6 +19,8 @@ from typing import Any
 
 # Message tags of the two halves of an exchange.
 _GATHER, _SCATTER = 31, 32
+# Seconds an aborting rank waits after printing its reason, so the launcher forwards it.
+_FORWARD_S = 2.0
 
 
 def launched_by_mpi() -> bool:
@@ -66,6 +68,9 @@ class MPIComm:
 
     def abort(self, message: str, code: int = 1) -> None:
         print(f"[rank {self.rank}] {message}", file=sys.stderr, flush=True)
+        # The launcher forwards a rank's stderr through a pipe and tears every rank down on
+        # MPI_Abort; without a pause a loaded machine can lose the line that says why.
+        time.sleep(_FORWARD_S)
         self._comm.Abort(code)
 
     def _silent(self, rank: int) -> None:

@@ -10,7 +10,10 @@ from es_llm.es.weights import PARAMETER_FILTERS
 from es_llm.tasks import TaskConfig
 from populations.noise import NOISE_DEVICES
 from populations.optimizers import optimizer_names
+from populations.perturbations import VECTOR_MODES, kind_names
 from populations.shaping import shaping_names
+
+SERVE_MODES = ("weights", "rows")
 
 
 @dataclass(frozen=True)
@@ -24,7 +27,7 @@ class ESSettings:
     lr: float = 5e-4
     # Mirrored pairs (eps, -eps) share one noise draw.
     antithetic: bool = False
-    # Fitness shaping: zscore, centered_rank, group_zscore or raw.
+    # Fitness shaping: zscore, centered_rank, group_zscore, pair_diff (antithetic) or raw.
     shaping: str = choice("zscore", shaping_names)
     # Optimizer on the estimate: sgd or adam.
     optimizer: str = choice("sgd", optimizer_names)
@@ -37,6 +40,23 @@ class ESSettings:
     # Where noise is drawn: cpu (the same values on every machine) or cuda (much faster on a
     # GPU, but different values, so a run's ledger then replays only on CUDA machines).
     noise_device: str = choice("cpu", lambda: NOISE_DEVICES)
+    # Perturbation: full (i.i.d. noise on every evolving tensor) or lowrank (rank-r noise
+    # A B^T / sqrt(r) on matrices, EGGROLL).
+    kind: str = choice("full", kind_names)
+    # Rank r of each matrix's perturbation with kind=lowrank (at most min(out, in)).
+    rank: int = 1
+    # With kind=lowrank, non-matrix parameters (norm weights, biases): frozen or full noise.
+    vectors: str = choice("frozen", lambda: VECTOR_MODES)
+    # How members are served: weights (each member's weights written, then generated; any
+    # backend) or rows (kind=lowrank, HF backend: many members in one batched generate call,
+    # each row adding its member's low-rank term, no weight written).
+    serve: str = choice("weights", lambda: SERVE_MODES)
+    # Prompts each member (each antithetic pair) is scored on, taken from the iteration's
+    # batch; 0 = every member on the whole batch.
+    prompts_per_member: int = 0
+    # With serve=rows: members evaluated in one generate call (bounds memory; even when
+    # antithetic, so a pair shares one factor draw).
+    members_per_call: int = 64
 
     def __post_init__(self):
         if self.population < 2:
@@ -49,6 +69,23 @@ class ESSettings:
         if not self.lr > 0:
             raise BadInput(f"es.lr must be > 0, got {self.lr}.")
         check_choices(self, "es.")
+        if self.rank < 1:
+            raise BadInput(f"es.rank must be at least 1, got {self.rank}.")
+        if self.serve == "rows" and self.kind != "lowrank":
+            raise BadInput("es.serve=rows needs es.kind=lowrank (full-rank members cannot be "
+                           "added per row); use es.serve=weights.")
+        if self.serve == "rows" and self.vectors == "full":
+            raise BadInput("es.serve=rows perturbs matrices only; set es.vectors=frozen or "
+                           "es.serve=weights.")
+        if self.shaping == "pair_diff" and not self.antithetic:
+            raise BadInput("es.shaping=pair_diff needs es.antithetic=true.")
+        if self.prompts_per_member < 0:
+            raise BadInput(f"es.prompts_per_member must be >= 0 (0 = the whole batch), got "
+                           f"{self.prompts_per_member}.")
+        if self.members_per_call < 1 or (self.antithetic and self.members_per_call % 2):
+            raise BadInput(f"es.members_per_call must be a positive even number with "
+                           f"es.antithetic=true (a positive number otherwise), got "
+                           f"{self.members_per_call}.")
         if self.noise_device == "cuda":
             from populations.noise import check_noise_device
             try:
@@ -66,7 +103,8 @@ class ESRunConfig:
     es: ESSettings = field(default_factory=ESSettings)
     # ES iterations (population evaluations and updates) of the whole run.
     iterations: int = 100
-    # Prompts per iteration; every member is scored on the same batch (greedy decoding).
+    # Prompts per iteration; every member is scored on this batch (greedy decoding), or on
+    # es.prompts_per_member of it.
     prompts_per_iteration: int = 64
     # Longest completion of a member, in tokens.
     max_tokens: int = 64
@@ -95,5 +133,9 @@ class ESRunConfig:
                      "checksum_every"):
             if getattr(self, name) < 1:
                 raise BadInput(f"{name} must be at least 1, got {getattr(self, name)}.")
+        if self.es.prompts_per_member > self.prompts_per_iteration:
+            raise BadInput(f"es.prompts_per_member={self.es.prompts_per_member} does not fit "
+                           f"the batch of prompts_per_iteration={self.prompts_per_iteration}; "
+                           f"choose at most {self.prompts_per_iteration} (0 = the whole batch).")
         if not self.comm_timeout_s > 0:
             raise BadInput(f"comm_timeout_s must be > 0 seconds, got {self.comm_timeout_s}.")

@@ -1,4 +1,4 @@
-"""The ES loop: every rank evaluates its share of the population on the same prompts,
+"""The ES loop: every rank evaluates its share of the population on the iteration's prompts,
 only rewards cross the wire, and every rank applies the identical update itself.
 
 ``step`` is one iteration; ``run`` is the whole job. The model-free maths (keyed noise,
@@ -7,8 +7,11 @@ shaping, the estimate, the optimizer) live in ``populations``.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import itertools
 import json
+import math
 import random
 import time
 from dataclasses import dataclass
@@ -26,6 +29,7 @@ from es_llm.io import complete_jsonl_rows, save_hf_checkpoint, write_text_atomic
 from es_llm.run_folder import AppendLog, written
 from es_llm.tasks import Problem
 from populations import es as pes
+from populations import lowrank
 from populations.optimizers import OptimizerConfig
 
 
@@ -39,6 +43,8 @@ class Edges:
     weights: ModuleWeights
     backend: object
     task: object
+    # Per-row low-rank member terms (es.serve=rows); None writes each member's weights.
+    rows: object = None
 
 
 def prompt_batch(problems: list[Problem], cfg: ESRunConfig, iteration: int) -> list[Problem]:
@@ -53,6 +59,7 @@ def es_config(cfg: ESRunConfig) -> pes.ESConfig:
     e = cfg.es
     return pes.ESConfig(population=e.population, sigma=e.sigma, antithetic=e.antithetic,
                         shaping=e.shaping, run_seed=cfg.seed, noise_device=e.noise_device,
+                        kind=e.kind, rank=e.rank, vectors=e.vectors,
                         optimizer=OptimizerConfig(name=e.optimizer, lr=e.lr,
                                                   anchor_decay=e.anchor_decay))
 
@@ -63,20 +70,28 @@ def owned_members(members, rank: int, size: int) -> list:
     return [m for m in members if m.direction % size == rank]
 
 
-def evaluate_members(edges: Edges, es_cfg: pes.ESConfig, state: pes.ESState, members,
-                     batch: list[Problem], cfg: ESRunConfig) -> dict[int, list[float]]:
-    """Rewards per prompt for the members this rank owns (``owned_members``).
+def member_prompts(members, n_batch: int, per_member: int) -> list[list[int]]:
+    """Batch indices each member is scored on, in member order.
 
-    A member's weights are written as cast(master + sign * sigma * eps) straight over the
-    previous member's, so the served model is written once per member and restored once at
-    the end. The noise of a direction is drawn once and kept for its mirrored member (one
-    extra fp32 copy of the evolving weights while the pair is evaluated).
+    ``per_member == 0``: every member on the whole batch. Otherwise direction d (both members
+    of a mirrored pair) gets the ``per_member`` consecutive indices from ``d * per_member``,
+    wrapping around the batch: pairs are spread evenly, each prompt shared by about
+    ``directions * per_member / n_batch`` pairs (EGGROLL scores 4 pairs per prompt). The
+    batch itself is the iteration's seeded sample, so which problems a pair sees changes
+    from one iteration to the next.
     """
-    params = SamplingParams(n=1, temperature=0.0, max_tokens=cfg.max_tokens, seed=cfg.seed)
-    prompts = [p.prompt for p in batch]
+    if per_member == 0:
+        return [list(range(n_batch)) for _ in members]
+    return [[(m.direction * per_member + i) % n_batch for i in range(per_member)]
+            for m in members]
+
+
+def _weight_written(edges: Edges, es_cfg: pes.ESConfig, state: pes.ESState, mine, batch,
+                    assigned, params, cfg: ESRunConfig):
+    """``(member, problems, texts)`` for each member, its weights written into the served
+    model as cast(master + sign * sigma * eps) over the previous member's (one write per
+    member, one restore at the end). A direction's noise is drawn once for both signs."""
     eps_for = pes.noise_for(es_cfg, state)
-    mine = owned_members(members, edges.comm.rank, edges.comm.size)
-    out = {}
     try:
         for direction, group in itertools.groupby(mine, key=lambda m: m.direction):
             cache: dict[str, torch.Tensor] = {}
@@ -88,14 +103,75 @@ def evaluate_members(edges: Edges, es_cfg: pes.ESConfig, state: pes.ESState, mem
 
             for m in group:
                 edges.weights.perturb(noise, m.sign * cfg.es.sigma)
-                completions = edges.backend.generate(prompts, params,
-                                                     keys=[p.id for p in batch])
-                scores = edges.task.score_many([(p, c[0].text)
-                                                for p, c in zip(batch, completions)])
-                out[m.index] = [s.reward for s in scores]
+                problems = [batch[i] for i in assigned[m.index]]
+                completions = edges.backend.generate([p.prompt for p in problems], params,
+                                                     keys=[p.id for p in problems])
+                yield m, problems, [c[0].text for c in completions]
     finally:
         edges.weights.restore()
+
+
+def _row_served(edges: Edges, es_cfg: pes.ESConfig, state: pes.ESState, mine, batch,
+                assigned, params, cfg: ESRunConfig):
+    """``(member, problems, texts)`` for each member, ``es.members_per_call`` members per
+    generate call, each row adding its member's low-rank term (``RowAdapters``); factors are
+    drawn per call, so memory is bounded by the call, not the population."""
+    factors_for = lowrank.keyed_factors(es_cfg.run_seed, state.iteration, es_cfg.rank,
+                                        device=es_cfg.noise_device)
+    scale = cfg.es.sigma / math.sqrt(es_cfg.rank)
+    served = edges.weights.params
+    per_call = cfg.es.members_per_call
+    for start in range(0, len(mine), per_call):
+        chunk = mine[start:start + per_call]
+        A, B = {}, {}
+        for name in edges.rows.matrices:
+            p = served[name]
+            drawn = {m.direction: factors_for(m.direction, name, p.shape) for m in chunk}
+            A[name] = torch.stack([drawn[m.direction][0] * (m.sign * scale)
+                                   for m in chunk]).to(p.device, p.dtype)
+            B[name] = torch.stack([drawn[m.direction][1] for m in chunk]).to(p.device, p.dtype)
+        problems = [[batch[i] for i in assigned[m.index]] for m in chunk]
+        rows = [p for ps in problems for p in ps]
+        with edges.rows.members(A, B, len(problems[0])):
+            completions = edges.backend.generate([p.prompt for p in rows], params,
+                                                 keys=[p.id for p in rows])
+        at = 0
+        for m, ps in zip(chunk, problems):
+            yield m, ps, [c[0].text for c in completions[at:at + len(ps)]]
+            at += len(ps)
+
+
+def evaluate_members(edges: Edges, es_cfg: pes.ESConfig, state: pes.ESState, members,
+                     batch: list[Problem], cfg: ESRunConfig) -> dict[int, tuple]:
+    """What each member this rank owns (``owned_members``) scored: ``{index: (rewards per
+    prompt, correct count, well-formed count, digest of its texts)}``. The digest lets rank
+    0 tell whether a mirrored pair generated identical texts without sending them."""
+    params = SamplingParams(n=1, temperature=0.0, max_tokens=cfg.max_tokens, seed=cfg.seed)
+    assigned = member_prompts(members, len(batch), cfg.es.prompts_per_member)
+    mine = owned_members(members, edges.comm.rank, edges.comm.size)
+    serve = _row_served if edges.rows is not None else _weight_written
+    out = {}
+    for m, problems, texts in serve(edges, es_cfg, state, mine, batch, assigned, params, cfg):
+        scores = edges.task.score_many(list(zip(problems, texts)))
+        digest = hashlib.blake2b("\x1f".join(texts).encode(), digest_size=8).hexdigest()
+        out[m.index] = ([s.reward for s in scores], sum(s.correct for s in scores),
+                        sum(s.format_ok for s in scores), digest)
     return out
+
+
+def pair_diagnostics(members, gathered: dict[int, tuple]) -> dict[str, float]:
+    """Why an iteration does or does not move (antithetic runs): the share of mirrored
+    pairs whose fitness differs, whose greedy texts are identical on every prompt, whose
+    correct counts differ, and whose well-formed counts differ."""
+    pairs = [(a, b) for a, b in zip(members[0::2], members[1::2]) if a.direction == b.direction]
+    if not pairs or len(pairs) * 2 != len(members):
+        return {}
+    n = len(pairs)
+    ga = [(gathered[a.index], gathered[b.index]) for a, b in pairs]
+    return {"es/pairs_reward_differs": sum(sum(x[0]) != sum(y[0]) for x, y in ga) / n,
+            "es/pairs_same_text": sum(x[3] == y[3] for x, y in ga) / n,
+            "es/pairs_correct_differs": sum(x[1] != y[1] for x, y in ga) / n,
+            "es/pairs_format_differs": sum(x[2] != y[2] for x, y in ga) / n}
 
 
 def step(edges: Edges, es_cfg: pes.ESConfig, state: pes.ESState, problems: list[Problem],
@@ -107,17 +183,25 @@ def step(edges: Edges, es_cfg: pes.ESConfig, state: pes.ESState, problems: list[
     batch = prompt_batch(problems, cfg, iteration)
     mine = evaluate_members(edges, es_cfg, state, members, batch, cfg)
     t_eval = time.perf_counter() - t0
-    # The only communication of an iteration: each rank's {member: rewards per prompt}.
-    gathered: dict[int, list[float]] = {}
+    # The only communication of an iteration: each rank's {member: rewards and counts}.
+    gathered: dict[int, tuple] = {}
     for part in edges.comm.allgather(mine):
         gathered.update(part)
-    rewards_N_P = torch.tensor([gathered[n] for n in range(len(members))], dtype=torch.float64)
-    state, es_metrics = pes.tell(es_cfg, state, rewards_N_P)
+    rewards_N_P = torch.tensor([gathered[n][0] for n in range(len(members))],
+                               dtype=torch.float64)
+    assigned = member_prompts(members, len(batch), cfg.es.prompts_per_member)
+    groups_N_P = torch.tensor(assigned) if cfg.es.prompts_per_member else None
+    before = state.params
+    state, es_metrics = pes.tell(es_cfg, state, rewards_N_P, groups_N_P)
     edges.weights.set_master(state.params)
     metrics = {f"es/{k}": v for k, v in es_metrics.items()}
-    # Greedy rollouts generated so far (every member on every prompt): the budget axis the
-    # comparison report shares with the gradient trainers' samples/generated.
-    samples = (iteration + 1) * len(members) * len(batch)
+    if cfg.dtype != "float32":
+        metrics["es/realised_cosine"] = pes.realised_cosine(before, state.params,
+                                                            getattr(torch, cfg.dtype))
+    metrics.update(pair_diagnostics(members, gathered))
+    # Greedy rollouts generated so far (every member on each of its prompts): the budget
+    # axis the comparison report shares with the gradient trainers' samples/generated.
+    samples = (iteration + 1) * rewards_N_P.numel()
     metrics.update({"samples/generated": float(samples), "perf/iter_s": time.perf_counter() - t0,
                     "perf/eval_s": t_eval})
     ledger = {"iteration": iteration, "run_seed": cfg.seed,
@@ -127,7 +211,34 @@ def step(edges: Edges, es_cfg: pes.ESConfig, state: pes.ESState, problems: list[
               # Per-prompt rewards: what `tell` saw, so a replay (resume) is exact for every
               # shaping, including per-prompt group z-scores.
               "rewards_N_P": rewards_N_P.tolist()}
+    if groups_N_P is not None:
+        # Which batch index each reward belongs to (the groups of group_zscore).
+        ledger["prompts_N_P"] = assigned
     return state, metrics, ledger
+
+
+def probe_sigma(edges: Edges, cfg: ESRunConfig, problems: list[Problem],
+                sigmas: list[float]) -> list[dict]:
+    """Before a run: iteration 0's population and prompts evaluated at each candidate sigma
+    (no update). Per sigma, the pair diagnostics of ``pair_diagnostics``: at a sigma where
+    almost no mirrored pair differs in correctness the estimate is mostly zero, and where
+    most pairs write different texts on every prompt the search is no longer local."""
+    rows = []
+    for sigma in sigmas:
+        at = dataclasses.replace(cfg, es=dataclasses.replace(cfg.es, sigma=sigma))
+        es_cfg = es_config(at)
+        state = pes.init(es_cfg, edges.weights.master)
+        members = pes.ask(es_cfg, state)
+        batch = prompt_batch(problems, at, 0)
+        gathered: dict[int, tuple] = {}
+        for part in edges.comm.allgather(evaluate_members(edges, es_cfg, state, members,
+                                                          batch, at)):
+            gathered.update(part)
+        fitness = [sum(gathered[n][0]) / len(gathered[n][0]) for n in range(len(members))]
+        rows.append({"sigma": sigma, "reward_mean": sum(fitness) / len(fitness),
+                     **{k.removeprefix("es/"): v
+                        for k, v in pair_diagnostics(members, gathered).items()}})
+    return rows
 
 
 def save_checkpoint(edges: Edges, cfg: ESRunConfig, folder: Path, resume: str) -> None:
@@ -169,7 +280,9 @@ def replay(es_cfg: pes.ESConfig, state: pes.ESState, entries: list[dict]) -> pes
     same rewards make ``tell`` give bitwise the same weights (and optimizer state)."""
     for entry in entries:
         rewards_N_P = torch.tensor(entry["rewards_N_P"], dtype=torch.float64)
-        state, _ = pes.tell(es_cfg, state, rewards_N_P)
+        groups = entry.get("prompts_N_P")
+        state, _ = pes.tell(es_cfg, state, rewards_N_P,
+                            None if groups is None else torch.tensor(groups))
     return state
 
 

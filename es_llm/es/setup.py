@@ -6,6 +6,7 @@ import torch
 
 from es_llm.backends import require_vllm
 from es_llm.backends.diffusion import DiffusionBackend, is_diffusion_model
+from es_llm.backends.lowrank_rows import RowAdapters
 from es_llm.backends.vllm_backend import vllm_available
 from es_llm.comm.placement import place_rank
 from es_llm.errors import BadInput
@@ -26,6 +27,10 @@ def build_edges(cfg: ESRunConfig, comm) -> tuple[Edges, list]:
     problems = task.problems()
     if not problems:
         raise BadInput(f"task {cfg.task.name!r} gave no training problems (data={cfg.task.data!r}).")
+    if cfg.es.prompts_per_member > len(problems):
+        raise BadInput(f"es.prompts_per_member={cfg.es.prompts_per_member} does not fit: the "
+                       f"training data has only {len(problems)} problems; choose at most "
+                       f"{len(problems)} (0 = the whole batch).")
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise BadInput("device 'cuda' was asked for but torch sees no CUDA device; use "
                        "device=cpu.")
@@ -40,8 +45,15 @@ def build_edges(cfg: ESRunConfig, comm) -> tuple[Edges, list]:
     model = auto_class.from_pretrained(cfg.model, dtype=getattr(torch, cfg.dtype))
     model.to(cfg.device)
     names = select_parameters(model, cfg.es.params, cfg.es.param_pattern)
+    if cfg.es.kind == "lowrank":
+        check_lowrank_rank(model, names, cfg.es.rank)
     weights = ModuleWeights(model, names)
-    use_vllm = not diffusion and (
+    rows = cfg.es.serve == "rows"
+    if rows and (diffusion or cfg.backend == "vllm"):
+        raise BadInput("es.serve=rows runs the population inside the HF decoding loop of a "
+                       "causal LM; use backend=hf (or auto), or es.serve=weights for vllm and "
+                       "diffusion models.")
+    use_vllm = not diffusion and not rows and (
         cfg.backend == "vllm" or (cfg.backend == "auto" and vllm_available()))
     if diffusion:
         # Perturbation is the same in-place edit of the module; only decoding differs.
@@ -53,6 +65,23 @@ def build_edges(cfg: ESRunConfig, comm) -> tuple[Edges, list]:
         backend = VLLMBackend(cfg.model, seed=cfg.seed, dtype=cfg.dtype, for_es=True)
         weights = VLLMWeights(backend.llm, weights)
     else:
-        backend = HFBackend(cfg.model, model=model, tokenizer=tokenizer, device=cfg.device)
+        # With rows, one generate call is one chunk of members: the batch must hold it.
+        per_call = cfg.es.members_per_call * (cfg.es.prompts_per_member
+                                              or min(cfg.prompts_per_iteration, len(problems)))
+        backend = HFBackend(cfg.model, model=model, tokenizer=tokenizer, device=cfg.device,
+                            batch_size=max(512, per_call if rows else 0))
     return Edges(comm=comm, model=model, tokenizer=tokenizer, weights=weights, backend=backend,
-                 task=task), problems
+                 task=task, rows=RowAdapters(model, names) if rows else None), problems
+
+
+def check_lowrank_rank(model: torch.nn.Module, names: list[str], rank: int) -> None:
+    """BadInput unless ``rank`` fits every evolving matrix (rank <= min(out, in))."""
+    params = dict(model.named_parameters())
+    shapes = {n: tuple(params[n].shape) for n in names if params[n].ndim == 2}
+    if not shapes:
+        raise BadInput("es.kind=lowrank perturbs matrices, and the selected parameters have "
+                       "none; choose es.params=all or matrices.")
+    name, smallest = min(shapes.items(), key=lambda kv: min(kv[1]))
+    if rank > min(smallest):
+        raise BadInput(f"es.rank={rank} is above the rank a perturbation of {name} (shape "
+                       f"{smallest}) can have; choose es.rank between 1 and {min(smallest)}.")
