@@ -168,11 +168,13 @@ def build_parser(plugins: dict | None = None) -> argparse.ArgumentParser:
         "es", help="Evolution Strategies over the model's weights (also under mpirun -n P)",
         description=textwrap.dedent("""\
             Evolve the weights of a model with ES: each iteration every member of the
-            population is the base weights plus sigma times keyed Gaussian noise, is scored
-            on the same batch of training prompts with greedy decoding, and the weights
-            move along the shaped-reward-weighted noise. Under `mpirun -n P` the ranks split
-            the population and exchange only rewards; every rank applies the same update.
-            Writes DIR/config.yaml, metrics.jsonl, ledger.jsonl and checkpoints/."""),
+            population is the base weights plus sigma times keyed Gaussian noise (or, with
+            es.kind=lowrank, rank-r noise on every matrix), is scored on the batch of
+            training prompts (or es.prompts_per_member of them) with greedy decoding, and
+            the weights move along the shaped-reward-weighted noise. Under `mpirun -n P` the
+            ranks split the population and exchange only rewards; every rank applies the
+            same update. Writes DIR/config.yaml, metrics.jsonl, ledger.jsonl and
+            checkpoints/."""),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     es.add_argument("--model", help="base model folder (overrides the config's model)")
     es.add_argument("--resume", metavar="DIR",

@@ -365,6 +365,8 @@ def main() -> None:
                     help="testbed preset (ignored with --model-shape qwen2.5-0.5b)")
     ap.add_argument("--model-shape", choices=["testbed", "qwen2.5-0.5b"], default="testbed",
                     help="benchmark a testbed model or a random model of Qwen2.5-0.5B's shape")
+    ap.add_argument("--model", help="benchmark this model folder (e.g. a built testbed) instead "
+                                    "of building --size")
     ap.add_argument("--backend", choices=["hf", "vllm"], default="vllm", help="generation backend")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                     help="device of the model and its fp32 master copy")
@@ -400,7 +402,9 @@ def main() -> None:
         return
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-es-model-"))
-    if args.model_shape == "testbed":
+    if args.model:
+        path, what = Path(args.model), f"model {Path(args.model).name}"
+    elif args.model_shape == "testbed":
         path, _ = build_testbed(load_testbed_config(args.size), progress=False)
         what = f"testbed {args.size}"
     else:
