@@ -198,8 +198,10 @@ def build_parser(plugins: dict | None = None) -> argparse.ArgumentParser:
             per-problem accuracy histograms, progressions and regressions against the
             reference model; answer entropy (also on regressions), distinct answers,
             distinct-n, self-BLEU and distinct correct solutions; training curves of the runs
-            the checkpoints came from. Several training seeds of one method are named
-            method@seed and reported as a group (seed spread beside the bootstrap CIs)."""),
+            the checkpoints came from; with --budget-runs, accuracy along training runs
+            against generated samples and training seconds. Several training seeds of one
+            method are named method@seed and reported as a group (seed spread beside the
+            bootstrap CIs)."""),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     cmp.add_argument("--models", nargs="+", metavar="NAME=PATH",
                      help="models to compare: PATH is a model folder (sampled here into "
@@ -222,6 +224,14 @@ def build_parser(plugins: dict | None = None) -> argparse.ArgumentParser:
                           "capability views on")
     cmp.add_argument("--views-n", type=int, metavar="N",
                      help="samples per problem in the sampled capability views (default --n)")
+    cmp.add_argument("--budget-runs", nargs="+", metavar="METHOD@SEED=RUN_DIR",
+                     help="accuracy against training budget: read every checkpoint saved along "
+                          "these `es-llm es` / `es-llm grpo` run folders, and the reference "
+                          "model, greedily on the first --also-on file (else the held-out "
+                          "problems; budget.data=FILE to choose) and sampled "
+                          "(budget.n=4 at budget.temperature=0.6 on every budget.stride=4-th "
+                          "problem, pass@budget.k=[1,4]); the report adds a table and a figure "
+                          "by generated samples and by training seconds")
     _add_common(cmp, out_required=True, config="es_llm.compare.run:CompareConfig")
     for command in (plugin_commands() if plugins is None else plugins).values():
         command.add_parser(sub, _add_common)
@@ -295,6 +305,10 @@ def run_compare(args) -> None:
     for key in ("reference", "bootstrap", "temperatures", "also_on", "views_n"):
         if getattr(args, key) is not None:
             flags[key] = getattr(args, key)
+    if args.budget_runs is not None:
+        runs = [e for e in args.budget_runs if "." not in e.split("=", 1)[0]]
+        overrides += [e for e in args.budget_runs if e not in runs]
+        flags["budget"] = {"runs": runs}
     cfg = load_config(CompareConfig, path=args.config, flags=flags, overrides=overrides)
     if args.print_config:
         return print_config(cfg)

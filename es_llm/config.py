@@ -110,6 +110,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if origin is dict or tp is dict:
         if not isinstance(value, dict):
             raise BadInput(f"config key '{key}' must be a mapping, got {value!r}.")
+        if len(args) == 2:
+            return {str(k): _coerce(v, args[1], f"{key}.{k}") for k, v in value.items()}
         return dict(value)
     if tp is float:
         if isinstance(value, str) and re.fullmatch(r"\s*[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+\s*", value):

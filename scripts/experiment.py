@@ -1,13 +1,14 @@
-"""The head-to-head experiment in one command: build the testbed, train ES (under mpirun) and
-GRPO from the same base at a matched budget of generated samples, each with several training
-seeds, and compare every final checkpoint with the base model.
+"""The head-to-head experiment in one command: build the testbed, train every method (ES
+variants under mpirun, GRPO) from the same base at a matched budget of generated samples, each
+with several training seeds, continue chosen runs to a multiple of that budget, and compare
+every final checkpoint with the base model, with accuracy along the runs against samples and
+seconds.
 
     python scripts/experiment.py --config configs/experiment_countdown.yaml --out runs/main
 
 Each stage is a plain `es-llm` command (printed, and appended to OUT/commands.txt), so any
 step can be rerun by hand. Stages whose output is complete are skipped; an interrupted
-training run is continued with --resume, so rerunning the same command finishes the job.
-"""
+training run is continued with --resume, so rerunning the same command finishes the job."""
 
 from __future__ import annotations
 
@@ -20,21 +21,46 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from es_llm.config import dump_yaml, load_config
+from es_llm.compare.budget import BudgetConfig
+from es_llm.config import check_choices, choice, dump_yaml, load_config, to_dict
 from es_llm.errors import BadInput
 from es_llm.es.config import ESRunConfig
 from es_llm.evaluate import SamplingConfig
+from es_llm.io import complete_jsonl_rows
 from es_llm.testbed.config import load_testbed_config
 from gradient.config import GRPORunConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
+KINDS = ("es", "grpo")
+
+
 @dataclass(frozen=True)
 class Method:
+    # Which trainer: es (`es-llm es`, under mpirun with `ranks`) or grpo (`es-llm grpo`).
+    kind: str = choice("es", lambda: KINDS)
     # Training config (a YAML under configs/) and overrides applied to every seed's run.
     config: str = ""
     overrides: tuple[str, ...] = ()
+    # Accuracy against budget beyond the head-to-head: a copy of each finished run of these
+    # seeds is continued to `extend` times budget_samples (runs/<name>-seed<k>-x<extend>,
+    # a checkpoint at every multiple of the budget); 1 = no extension.
+    extend: int = 1
+    extend_seeds: tuple[int, ...] = (0,)
+
+    def __post_init__(self):
+        check_choices(self)
+        if not self.config:
+            raise BadInput("every method needs config: a training YAML under configs/ (e.g. "
+                           "configs/es_countdown.yaml).")
+        if self.extend < 1:
+            raise BadInput(f"extend must be at least 1 (times budget_samples), got {self.extend}.")
+
+
+def _default_methods() -> dict[str, Method]:
+    return {"es": Method("es", "configs/es_countdown.yaml"),
+            "grpo": Method("grpo", "configs/grpo_countdown.yaml")}
 
 
 @dataclass(frozen=True)
@@ -46,12 +72,13 @@ class ExperimentConfig:
     # Training seeds; every method trains once per seed from the same base model.
     seeds: tuple[int, ...] = (0, 1, 2)
     # Generated samples per training run, the same for every method: ES iterations and GRPO
-    # steps are derived from it, so it must be a multiple of both per-step sample counts.
+    # steps are derived from it, so it must be a multiple of every per-step sample count.
     budget_samples: int = 40960
     # MPI ranks of the ES runs (`mpirun -n ranks`).
     ranks: int = 2
-    es: Method = field(default_factory=lambda: Method("configs/es_countdown.yaml"))
-    grpo: Method = field(default_factory=lambda: Method("configs/grpo_countdown.yaml"))
+    # The methods by name (the report's labels, runs/<name>-seed<k>): a YAML `methods:`
+    # mapping replaces this default as a whole.
+    methods: dict[str, Method] = field(default_factory=_default_methods)
     # How the comparison samples every model (identical for all), on how many of the
     # held-out problems (None = all) and with which backend.
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
@@ -66,25 +93,50 @@ class ExperimentConfig:
     never_seen_per_tier: int = 0
     never_seen_seed: int = 0
     views_n: int = 8
+    # Accuracy against training budget in the report: every checkpoint along each run (the
+    # extended ones where a method has them) and the base model read on the never-seen set
+    # (else the held-out file), with the `budget` settings of `es-llm compare`; its runs
+    # are filled in here.
+    budget_study: bool = False
+    budget: BudgetConfig = field(default_factory=BudgetConfig)
+
+    def __post_init__(self):
+        if not self.methods:
+            raise BadInput("methods is empty; name at least one, e.g. methods: {es: {kind: es, "
+                           "config: configs/es_countdown.yaml}}.")
+        if self.budget.runs:
+            raise BadInput("budget.runs is filled in by the experiment (every run of every "
+                           "method); leave it empty and set budget_study: true.")
+        for name, m in self.methods.items():
+            if name in ("base",) or not name.replace("_", "").isalnum():
+                raise BadInput(f"method name {name!r} must be letters, digits and _ and not "
+                               f"'base' (the base model's label).")
+            missing = sorted(set(m.extend_seeds) - set(self.seeds)) if m.extend > 1 else []
+            if missing:
+                raise BadInput(f"methods.{name}.extend_seeds {missing} are not training seeds "
+                               f"(seeds: {list(self.seeds)}).")
 
 
 def _steps(total: int, per_step: int, what: str) -> int:
     if total % per_step:
         raise BadInput(f"budget_samples={total} is not a multiple of {what}'s {per_step} samples "
-                       f"per step; pick a budget both methods divide.")
+                       f"per step; pick a budget every method divides.")
     return total // per_step
 
 
 def plan(cfg: ExperimentConfig) -> dict[str, int]:
-    """ES iterations and GRPO steps that spend ``budget_samples`` generated samples each."""
-    es = load_config(ESRunConfig, path=ROOT / cfg.es.config, overrides=list(cfg.es.overrides))
-    grpo = load_config(GRPORunConfig, path=ROOT / cfg.grpo.config,
-                       overrides=list(cfg.grpo.overrides))
-    return {
-        "es": _steps(cfg.budget_samples, es.es.population * es.prompts_per_iteration, "es"),
-        "grpo": _steps(cfg.budget_samples,
-                       grpo.rollout.prompts_per_step * grpo.rollout.group_size, "grpo"),
-    }
+    """Per method, the ES iterations or GRPO steps that spend ``budget_samples`` generated
+    samples."""
+    steps = {}
+    for name, m in cfg.methods.items():
+        if m.kind == "es":
+            run = load_config(ESRunConfig, path=ROOT / m.config, overrides=list(m.overrides))
+            per_step = run.samples_per_iteration()
+        else:
+            run = load_config(GRPORunConfig, path=ROOT / m.config, overrides=list(m.overrides))
+            per_step = run.rollout.prompts_per_step * run.rollout.group_size
+        steps[name] = _steps(cfg.budget_samples, per_step, name)
+    return steps
 
 
 def same_testbed(folder: Path, cfg: ExperimentConfig) -> bool:
@@ -117,23 +169,77 @@ class Runner:
         print(f"[experiment] done in {time.time() - t0:.0f} s", flush=True)
 
 
-def training_command(kind: str, cfg: ExperimentConfig, seed: int, steps: int, model: Path,
-                     run: Path) -> list[str] | None:
-    """The command that trains (or finishes) one seed of one method; None when done."""
-    if (run / "checkpoints" / "final" / "config.json").is_file():
-        return None
-    es_llm = [sys.executable, "-m", "es_llm"]
-    method = cfg.es if kind == "es" else cfg.grpo
-    length = f"iterations={steps}" if kind == "es" else f"steps={steps}"
-    if (run / "config.yaml").is_file():
-        cmd = es_llm + [kind, "--resume", str(run), "--no-progress", length]
-    else:
-        cmd = es_llm + [kind, "--config", str(ROOT / method.config), "--out", str(run),
-                        "--no-progress", f"model={model}", f"seed={seed}", length,
-                        *method.overrides]
-    if kind == "es" and cfg.ranks > 1:
+def _es_llm(method: Method, cfg: ExperimentConfig) -> list[str]:
+    """The command prefix of one method's trainer (ES under mpirun when ranks > 1)."""
+    cmd = [sys.executable, "-m", "es_llm", method.kind]
+    if method.kind == "es" and cfg.ranks > 1:
         mpirun = shutil.which("mpirun", path=str(Path(sys.executable).parent)) or "mpirun"
         cmd = [mpirun, "-n", str(cfg.ranks)] + cmd
+    return cmd
+
+
+def _length(method: Method, steps: int) -> str:
+    return f"iterations={steps}" if method.kind == "es" else f"steps={steps}"
+
+
+def _finished(run: Path, steps: int) -> bool:
+    """``run`` holds a final checkpoint after ``steps`` logged steps."""
+    return ((run / "checkpoints" / "final" / "config.json").is_file()
+            and len(complete_jsonl_rows(run / "metrics.jsonl")) >= steps)
+
+
+def training_command(method: Method, cfg: ExperimentConfig, seed: int, steps: int, model: Path,
+                     run: Path) -> list[str] | None:
+    """The command that trains (or finishes) one seed of one method; None when done."""
+    if _finished(run, steps):
+        return None
+    if (run / "config.yaml").is_file():
+        return _es_llm(method, cfg) + ["--resume", str(run), "--no-progress",
+                                       _length(method, steps)]
+    return _es_llm(method, cfg) + ["--config", str(ROOT / method.config), "--out", str(run),
+                                   "--no-progress", f"model={model}", f"seed={seed}",
+                                   _length(method, steps), *method.overrides]
+
+
+def extension_command(method: Method, cfg: ExperimentConfig, steps: int, run: Path,
+                      ext: Path) -> list[str] | None:
+    """The command that continues a copy of the finished ``run`` in ``ext`` to
+    ``method.extend`` times its length, a checkpoint at every multiple of it; the head-to-head
+    checkpoint becomes ext's step_<steps>. None when done."""
+    total = steps * method.extend
+    if _finished(ext, total):
+        return None
+    if not (ext / "config.yaml").is_file():
+        staging = ext.with_name(ext.name + ".copying")
+        shutil.rmtree(staging, ignore_errors=True)
+        shutil.copytree(run, staging)
+        shutil.copytree(staging / "checkpoints" / "final", staging / "checkpoints" / f"step_{steps}")
+        shutil.rmtree(ext, ignore_errors=True)
+        staging.rename(ext)
+    return _es_llm(method, cfg) + ["--resume", str(ext), "--no-progress", _length(method, total),
+                                   f"checkpoint_every={steps}"]
+
+
+def compare_command(cfg: ExperimentConfig, out: Path, models: list[str], budget_runs: list[str],
+                    never_seen: Path | None) -> list[str]:
+    sp = cfg.sampling
+    cmd = [sys.executable, "-m", "es_llm", "compare", "--models", *models, "--task", cfg.task,
+           "--n", str(sp.n), "--temperature", str(sp.temperature), "--top-p", str(sp.top_p),
+           "--max-tokens", str(sp.max_tokens), "--seed", str(sp.seed), "--backend",
+           cfg.eval_backend, "--out", str(out / "compare"), "--no-progress"]
+    if cfg.eval_limit is not None:
+        cmd += ["--limit", str(cfg.eval_limit)]
+    if cfg.temperatures:
+        cmd += ["--temperatures", *map(str, cfg.temperatures)]
+    if cfg.temperatures or never_seen:
+        cmd += ["--views-n", str(cfg.views_n)]
+    if never_seen:
+        cmd += ["--also-on", str(never_seen)]
+    if budget_runs:
+        settings = {k: v for k, v in to_dict(cfg.budget).items() if k != "runs" and v is not None}
+        cmd += ["--budget-runs", *budget_runs] + [
+            f"budget.{k}=[{','.join(map(str, v))}]" if isinstance(v, list) else f"budget.{k}={v}"
+            for k, v in settings.items()]
     return cmd
 
 
@@ -147,25 +253,22 @@ def run(cfg: ExperimentConfig, out: Path) -> None:
     if not same_testbed(testbed, cfg):
         runner(es_llm + ["testbed", "--size", cfg.testbed, "--out", str(testbed),
                          "--no-progress", *cfg.testbed_overrides])
-    models = [f"base={testbed}"]
-    for kind in ("es", "grpo"):
+    models, budget_runs = [f"base={testbed}"], []
+    for name, method in cfg.methods.items():
         for seed in cfg.seeds:
-            folder = out / "runs" / f"{kind}-seed{seed}"
-            cmd = training_command(kind, cfg, seed, steps[kind], testbed, folder)
+            folder = out / "runs" / f"{name}-seed{seed}"
+            cmd = training_command(method, cfg, seed, steps[name], testbed, folder)
             if cmd:
                 runner(cmd)
-            models.append(f"{kind}@{seed}={folder / 'checkpoints' / 'final'}")
-    sp = cfg.sampling
-    cmd = es_llm + ["compare", "--models", *models, "--task", cfg.task, "--n", str(sp.n),
-                    "--temperature", str(sp.temperature), "--top-p", str(sp.top_p),
-                    "--max-tokens", str(sp.max_tokens), "--seed", str(sp.seed),
-                    "--backend", cfg.eval_backend, "--out", str(out / "compare"), "--no-progress"]
-    if cfg.eval_limit is not None:
-        cmd += ["--limit", str(cfg.eval_limit)]
-    if cfg.temperatures:
-        cmd += ["--temperatures", *map(str, cfg.temperatures)]
-    if cfg.temperatures or cfg.never_seen_per_tier:
-        cmd += ["--views-n", str(cfg.views_n)]
+            models.append(f"{name}@{seed}={folder / 'checkpoints' / 'final'}")
+            along = folder
+            if method.extend > 1 and seed in method.extend_seeds:
+                along = out / "runs" / f"{name}-seed{seed}-x{method.extend}"
+                cmd = extension_command(method, cfg, steps[name], folder, along)
+                if cmd:
+                    runner(cmd)
+            budget_runs.append(f"{name}@{seed}={along}")
+    never_seen = None
     if cfg.never_seen_per_tier:
         never_seen = out / "never_seen.jsonl"
         if not never_seen.is_file():
@@ -173,8 +276,8 @@ def run(cfg: ExperimentConfig, out: Path) -> None:
                     "--size", cfg.testbed, "--per-tier", str(cfg.never_seen_per_tier),
                     "--seed", str(cfg.never_seen_seed), "--testbed", str(testbed),
                     "--out", str(never_seen), *cfg.testbed_overrides])
-        cmd += ["--also-on", str(never_seen)]
-    runner(cmd)
+    runner(compare_command(cfg, out, models,
+                           budget_runs if cfg.budget_study else [], never_seen))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -184,11 +287,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="experiment YAML (configs/experiment_countdown.yaml or its _ci "
                              "variant)")
     parser.add_argument("--out", required=True, metavar="DIR",
-                        help="experiment folder: testbed/, runs/<method>-seed<k>/, compare/ "
-                             "(report.md, report.html, comparison.json), commands.txt")
+                        help="experiment folder: testbed/, runs/<method>-seed<k>[-x<extend>]/, "
+                             "compare/ (report.md, report.html, comparison.json), commands.txt")
     parser.add_argument("overrides", nargs="*", metavar="key=value",
                         help="config overrides with dotted keys, e.g. seeds=[0] "
-                             "budget_samples=20480 evaluation.n=16")
+                             "budget_samples=20480 sampling.n=16 methods.es.extend=4")
     args = parser.parse_args(argv)
     try:
         cfg = load_config(ExperimentConfig, path=args.config, overrides=args.overrides)

@@ -1,6 +1,7 @@
-"""The one-command head-to-head experiment at ci size, end to end: testbed, ES under mpirun and
-GRPO at a matched budget with 3 seeds each, the comparison of every final checkpoint; and the
-standalone coverage-analysis scripts on its samples."""
+"""The one-command head-to-head experiment at ci size, end to end: testbed, full-rank and
+low-rank ES under mpirun and GRPO at a matched budget with 3 seeds each, an extended run, the
+comparison of every final checkpoint with accuracy along the runs; and the standalone
+coverage-analysis scripts on its samples."""
 
 from __future__ import annotations
 
@@ -32,25 +33,36 @@ def experiment(ci_testbed, tmp_path_factory):
     return out, proc
 
 
+def test_each_method_spends_the_budget_in_its_own_steps():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import experiment
+    from es_llm.config import load_config
+
+    # ES: 8 members x 16 prompts; low-rank: 64 members x 4 prompts each; GRPO: 8 x 4.
+    cfg = load_config(experiment.ExperimentConfig, path=CONFIG)
+    assert experiment.plan(cfg) == {"es": 256 // 128, "lowrank": 256 // 256, "grpo": 256 // 32}
+
+
 @pytest.mark.slow
 @pytest.mark.mpi
-def test_experiment_trains_both_methods_at_a_matched_budget_and_compares_them(experiment):
+def test_experiment_trains_every_method_at_a_matched_budget_and_compares_them(experiment):
     out, proc = experiment
     comp = json.loads((out / "compare" / "comparison.json").read_text())
-    assert set(comp["methods"]) == {"base", "es", "grpo"}
-    for method in ("es", "grpo"):
+    methods = ("es", "lowrank", "grpo")
+    assert set(comp["methods"]) == {"base", *methods}
+    for method in methods:
         assert comp["methods"][method]["models"] == [f"{method}@{s}" for s in (0, 1, 2)]
         # The same number of generated samples per run, read from each run's own metrics.
         assert comp["budget"][method] == [256.0, 256.0, 256.0]
-    assert set(comp["training"]) == {f"{m}@{s}" for m in ("es", "grpo") for s in (0, 1, 2)}
+    assert set(comp["training"]) == {f"{m}@{s}" for m in methods for s in (0, 1, 2)}
     assert "mpirun -n 2" in (out / "commands.txt").read_text()
     # Greedy and sampled views on the held-out problems and on a never-seen set.
     cap = comp["capability"]
     assert [e["data"] for e in cap["sets"]] == ["held-out", "never_seen"]
     assert cap["temperatures"] == ["T=0.6", "T=1"]
     for entry in cap["sets"]:
-        assert set(entry["methods"]) == {"base", "es", "grpo"}
-        assert set(entry["vs_reference"]) == {"es", "grpo"}
+        assert set(entry["methods"]) == {"base", *methods}
+        assert set(entry["vs_reference"]) == set(methods)
     # Seeds differ, so the trained models differ.
     es_runs = [read_jsonl(out / "runs" / f"es-seed{s}" / "ledger.jsonl") for s in (0, 1, 2)]
     assert len({json.dumps(r[0]["rewards_N"]) for r in es_runs}) == 3
@@ -68,18 +80,51 @@ def test_experiment_trains_both_methods_at_a_matched_budget_and_compares_them(ex
 
 @pytest.mark.slow
 @pytest.mark.mpi
+def test_an_extended_run_continues_a_copy_and_the_budget_study_reads_every_checkpoint(experiment):
+    out, _ = experiment
+    runs = out / "runs"
+    ext = runs / "lowrank-seed0-x2"
+    # The copy keeps the head-to-head run: its first iteration is the 1x run's, its step_1
+    # checkpoint is the 1x final, and the 1x folder is untouched.
+    first = read_jsonl(runs / "lowrank-seed0" / "ledger.jsonl")
+    assert len(first) == 1 and read_jsonl(ext / "ledger.jsonl")[0] == first[0]
+    assert len(read_jsonl(ext / "ledger.jsonl")) == 2
+    assert ((ext / "checkpoints" / "step_1" / "model.safetensors").read_bytes()
+            == (runs / "lowrank-seed0" / "checkpoints" / "final" / "model.safetensors").read_bytes())
+    study = json.loads((out / "compare" / "comparison.json").read_text())["budget_study"]
+    assert study["runs"] == {f"{m}@{s}": m for m in ("es", "lowrank", "grpo") for s in (0, 1, 2)}
+    steps = {(r["method"], r["steps"]): r["seeds"] for r in study["rows"]}
+    # ES: step_2 is final; low-rank: 1x for every seed, 2x for seed 0; GRPO: step_4 and final.
+    assert steps == {("es", 2): 3, ("lowrank", 1): 3, ("lowrank", 2): 1, ("grpo", 4): 3,
+                     ("grpo", 8): 3}
+    lowrank = {r["steps"]: r for r in study["rows"] if r["method"] == "lowrank"}
+    assert lowrank[2]["samples"] == 512.0 and lowrank[1]["samples"] == 256.0
+    # The 1x point of every seed is that run's final checkpoint, read again on never-seen
+    # problems: its greedy accuracy is the capability view's.
+    never_seen = next(e for e in json.loads((out / "compare" / "comparison.json").read_text())
+                      ["capability"]["sets"] if e["data"] == "never_seen")
+    assert lowrank[1]["greedy"] == pytest.approx(never_seen["methods"]["lowrank"]["greedy"])
+    assert "## Accuracy against training budget" in (out / "compare" / "report.md").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.mpi
 def test_rerunning_the_experiment_skips_what_is_done(experiment):
     out, _ = experiment
     before = (out / "runs" / "grpo-seed1" / "checkpoints" / "final" / "model.safetensors").read_bytes()
     proc = script("experiment.py", "--config", CONFIG, "--out", out)
     assert proc.returncode == 0, proc.stderr[-3000:]
     commands = (out / "commands.txt").read_text()
-    # Training ran once per method and seed (the first call); the rerun only compared again.
-    assert commands.count("-m es_llm es ") == 3 and commands.count("-m es_llm grpo ") == 3
+    # Training ran once per method and seed, and the extension once (the first call); the
+    # rerun only compared again.
+    assert commands.count("-m es_llm es ") == 7 and commands.count("-m es_llm grpo ") == 3
+    assert commands.count("-m es_llm es --resume") == 1
     assert commands.count("-m es_llm compare ") == 2
     # Every model's samples are reused: the main ones and five views (held-out greedy and
-    # T = 0.6; never-seen greedy, T = 0.6 and T = 1; held-out T = 1 is the main comparison).
-    assert proc.stdout.count("reusing") == 7 * 6
+    # T = 0.6; never-seen greedy, T = 0.6 and T = 1; held-out T = 1 is the main comparison);
+    # and the budget study's greedy and sampled reads of the base model and of every
+    # checkpoint (3 ES, 4 low-rank, 6 GRPO).
+    assert proc.stdout.count("reusing") == 10 * 6 + 2 * (1 + 3 + 4 + 6)
     assert commands.count("unseen_countdown.py") == 1
     after = (out / "runs" / "grpo-seed1" / "checkpoints" / "final" / "model.safetensors").read_bytes()
     assert before == after
@@ -107,4 +152,15 @@ def test_experiment_refuses_a_budget_the_methods_cannot_split(tmp_path):
     proc = script("experiment.py", "--config", CONFIG, "--out", tmp_path / "x", "budget_samples=100")
     assert proc.returncode == 2
     assert "budget_samples=100 is not a multiple of es's 128 samples per step" in proc.stderr
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("setting, message", [
+    ("methods.es.kind=ppo", "'ppo'"),
+    ("methods.lowrank.extend_seeds=[5]", "methods.lowrank.extend_seeds [5] are not training seeds"),
+    ("budget.runs=[es@0=x]", "budget.runs is filled in by the experiment"),
+    ("methods.base={kind: es, config: configs/es_countdown_ci.yaml}", "must be letters")])
+def test_bad_methods_are_refused_before_anything_runs(tmp_path, setting, message):
+    proc = script("experiment.py", "--config", CONFIG, "--out", tmp_path / "x", setting)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
     assert not (tmp_path / "x").exists()

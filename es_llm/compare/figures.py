@@ -185,6 +185,48 @@ def capability(cap: dict, path: Path) -> str:
     return _save(fig, path)
 
 
+def _budget_value(p: dict, stat: str) -> float:
+    return p["stats"]["greedy"]["a"] if stat == "greedy" else p["stats"]["passk"][stat]["a"]
+
+
+def budget_figure(result: dict, path: Path) -> str:
+    """Greedy accuracy and sampled pass@k of the budget study (``budget.study``) against generated samples
+    (left) and training seconds (right): each seed thin, the seed mean bold where every seed
+    of the method has that checkpoint (so a run continued alone does not bend the mean)."""
+    base, points = result["base"], result["points"]
+    panels = [("greedy", f"greedy accuracy ({Path(result['data']).stem})")] + [
+        (str(k), f"pass@{k}, T = {result['temperature']:g}") for k in result["k"]]
+    fig, axes = plt.subplots(len(panels), 2, figsize=(10, 3.4 * len(panels)), squeeze=False)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for (stat, label), pair in zip(panels, axes):
+        base_y = base["greedy"] if stat == "greedy" else base["passk"][stat]
+        for ax, axis in zip(pair, ("samples", "seconds")):
+            ax.axhline(base_y, color="black", lw=0.8, ls=":", label="reference")
+            for i, (method, seeds) in enumerate(points.items()):
+                color = colors[i % len(colors)]
+                # Every curve starts at the reference model (no training yet).
+                for seed in seeds:
+                    ax.plot([0.0] + [p[axis] for p in seed], [base_y] + [_budget_value(p, stat)
+                            for p in seed], color=color, lw=0.8, alpha=0.35)
+                common = set.intersection(*({p["steps"] for p in s} for s in seeds))
+                xs, ys = [0.0], [base_y]
+                for steps in sorted(common):
+                    at = [p for s in seeds for p in s if p["steps"] == steps]
+                    xs.append(float(np.mean([p[axis] for p in at])))
+                    ys.append(float(np.mean([_budget_value(p, stat) for p in at])))
+                ax.plot(xs, ys, color=color, lw=2, marker="o",
+                        label=f"{method} ({len(seeds)} seed{'s' if len(seeds) > 1 else ''})")
+            ax.set_xlabel("generated training samples" if axis == "samples"
+                          else "training seconds (same machine)")
+            ax.set_ylabel(label)
+            ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path.name
+
+
 def draw_all(comp: dict, folder: Path) -> dict[str, str]:
     """Every figure into ``folder``; returns figure key -> file name."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -197,4 +239,6 @@ def draw_all(comp: dict, folder: Path) -> dict[str, str]:
         out["training"] = curve
     if comp.get("capability"):
         out["capability"] = capability(comp["capability"], folder / "capability.png")
+    if comp.get("budget_study"):
+        out["budget_study"] = budget_figure(comp["budget_study"], folder / "budget.png")
     return out

@@ -6,6 +6,7 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
+from es_llm.compare.budget import table as budget_table
 from es_llm.io import write_text_atomic
 
 DIVERSITY_ROWS = (("distinct_answers", "distinct final answers"),
@@ -129,6 +130,7 @@ def blocks(comp: dict, figures: dict[str, str]) -> list[tuple]:
         out.append(("table", ["method", "generated samples per run", "runs"],
                     [[m, ", ".join(f"{int(v):,}" for v in sorted(set(vals))), str(len(vals))]
                      for m, vals in budget.items()]))
+    out += budget_blocks(comp.get("budget_study"), figures.get("budget_study"))
     out += _passk_blocks(comp, figures)
     out += _coverage_blocks(comp, figures)
     out.append(("h", 2, "Diversity"))
@@ -202,6 +204,31 @@ def capability_blocks(cap: dict | None, figure: str | None = None) -> list[tuple
         out.append(("img", figure, "Greedy accuracy beside sampled pass@1 at each temperature, "
                     "per problem set (seed means): a gain the greedy bar shares is new problems "
                     "solved, one only the sampled bars show is sharpening."))
+    return out
+
+
+def budget_blocks(study: dict | None, figure: str | None) -> list[tuple]:
+    """Accuracy against training budget: every checkpoint along the runs, by generated samples
+    and by the training loop's own seconds."""
+    if not study:
+        return []
+    reference = study["reference"]
+    sampled = (f"; sampled {study['n']} times per problem at T = {study['temperature']:g} on "
+               f"{study['num_sampled']:,} of them (every stride-th)" if study["n"] else "")
+    out: list[tuple] = [("h", 2, "Accuracy against training budget"), ("p", (
+        f"Every checkpoint saved along {len(study['runs'])} training runs and the reference "
+        f"model, read greedily on the {study['num_problems']:,} problems of "
+        f"{Path(study['data']).name}{sampled}. Samples are the generated training samples and "
+        f"seconds the training loop's own (generation, scoring and update), summed to each "
+        f"checkpoint and averaged over the seeds that have it, so runs on the same machine "
+        f"compare; a budget in completions alone hides what each sample costs."))]
+    header, rows = budget_table(study["rows"], study["base"], reference)
+    out.append(("table", header, rows))
+    if figure:
+        out.append(("img", figure, "Accuracy against generated training samples (left) and "
+                    "training seconds (right): each training seed thin, the seed mean bold "
+                    "where every seed of the method has that checkpoint; the dotted line is "
+                    f"{reference}."))
     return out
 
 

@@ -12,6 +12,7 @@ import numpy as np
 import yaml
 
 from es_llm.backends import BACKEND_NAMES, vllm_available
+from es_llm.compare import budget
 from es_llm.compare.analysis import compare_sets
 from es_llm.compare.capability import capability, view_label
 from es_llm.compare.figures import draw_all
@@ -62,6 +63,9 @@ class CompareConfig:
     # Samples per problem in the sampled capability views (null = sampling.n): a large
     # never-seen set is read well with fewer samples per problem.
     views_n: int | None = None
+    # Accuracy against training budget: every checkpoint along budget.runs read on one
+    # problem set, placed by generated samples and by training seconds.
+    budget: budget.BudgetConfig = field(default_factory=budget.BudgetConfig)
 
     def __post_init__(self):
         check_choices(self)
@@ -84,7 +88,7 @@ class CompareConfig:
 
 
 RESERVED = {"models", "reference", "task", "sampling", "backend", "bootstrap", "metrics_seed",
-            "temperatures", "also_on", "views_n"}
+            "temperatures", "also_on", "views_n", "budget"}
 
 
 def parse_models(entries: tuple[str, ...]) -> list[tuple[str, str]]:
@@ -201,7 +205,28 @@ def check_inputs(cfg: CompareConfig, out: Path) -> tuple[list, dict]:
                                f"needs identical sampling settings.")
     if cfg.views():
         _check_views(cfg, loaded)
+    if cfg.budget.runs:
+        budget_data(cfg, sources)
+        budget.parse_runs(cfg.budget.runs)
     return sources, loaded
+
+
+def budget_data(cfg: CompareConfig, sources: list) -> tuple[Path, Path]:
+    """(reference model folder, problem file) of the budget study, or BadInput."""
+    ref = [(name, path) for name, path, _ in sources if name == cfg.reference]
+    if not ref or not (ref[0][1] / "config.json").is_file():
+        raise BadInput(f"--budget-runs reads the checkpoints against the reference model, so "
+                       f"--reference must name one model folder among --models (got "
+                       f"{cfg.reference!r}).")
+    data = cfg.budget.data or (cfg.also_on[0] if cfg.also_on else None)
+    if data is None:
+        ev = resolve_task_config(EvalConfig(model=str(ref[0][1]), task=cfg.task))
+        data = ev.task.data
+    if data is None or not Path(data).is_file():
+        raise BadInput(f"the budget study has no problem file to read the checkpoints on "
+                       f"({data!r}); set budget.data=FILE, give --also-on FILE, or use a "
+                       f"reference model with a held-out set (a testbed model).")
+    return ref[0][1], Path(data)
 
 
 def _check_views(cfg: CompareConfig, loaded: dict) -> None:
@@ -239,6 +264,23 @@ def view_folders(cfg: CompareConfig, out: Path) -> list[tuple[str, float, Path, 
         folder = out / "samples" / "views" / labels[data] / view_label(temperature).replace("=", "")
         found.append((labels[data], temperature, folder, view))
     return found
+
+
+def run_budget_study(cfg: CompareConfig, sources: list, out: Path, progress: bool) -> dict:
+    """The budget study's reads under OUT/samples/budget/, each sampled like every other model
+    of the comparison (same seed, max_tokens, top_p and backend)."""
+    reference, data = budget_data(cfg, sources)
+
+    def read(model: str, problems: Path, n: int, temperature: float, folder: Path) -> Path:
+        view = replace(cfg, task=replace(cfg.task, data=str(problems)),
+                       sampling=replace(cfg.sampling, n=n, temperature=temperature),
+                       backend=cfg.budget.backend or cfg.backend)
+        return sample_model(str(folder.relative_to(out)), Path(model), view, folder,
+                            progress) / "samples.jsonl"
+
+    result = budget.study(cfg.budget, reference, data, out / "samples" / "budget", read,
+                          np.random.default_rng(cfg.metrics_seed), cfg.bootstrap)
+    return {"reference": cfg.reference, **result}
 
 
 def machines(sets: list) -> dict[str, dict]:
@@ -287,6 +329,9 @@ def compare(cfg: CompareConfig, out: str | Path, progress: bool = True, echo=pri
     if views:
         comp["capability"] = capability(views, cfg.reference,
                                         np.random.default_rng(cfg.metrics_seed), cfg.bootstrap)
+    if cfg.budget.runs:
+        echo(f"[compare] accuracy along {len(cfg.budget.runs)} training runs")
+        comp["budget_study"] = run_budget_study(cfg, sources, out, progress)
     curves = {s.name: training_curve(Path(s.run)) for s in sets if s.run}
     comp["training"] = {k: v for k, v in curves.items() if v}
     budget: dict[str, list[float]] = {}

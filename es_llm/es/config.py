@@ -139,3 +139,8 @@ class ESRunConfig:
                            f"choose at most {self.prompts_per_iteration} (0 = the whole batch).")
         if not self.comm_timeout_s > 0:
             raise BadInput(f"comm_timeout_s must be > 0 seconds, got {self.comm_timeout_s}.")
+
+    def samples_per_iteration(self) -> int:
+        """Greedy rollouts one iteration generates: every member on each of its prompts (the
+        engine's samples/generated grows by this much per iteration)."""
+        return self.es.population * (self.es.prompts_per_member or self.prompts_per_iteration)
