@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from pathlib import Path
 
 from es_llm.backends.base import SamplingParams
 from es_llm.io import read_jsonl
@@ -26,9 +27,15 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=16, help="samples per prompt")
     ap.add_argument("--max-tokens", type=int, default=64, help="longest completion")
     ap.add_argument("--repeats", type=int, default=3, help="timed calls per backend")
+    ap.add_argument("--model", help="benchmark this testbed model folder (with its "
+                                    "data/countdown_eval.jsonl) instead of building --size")
     args = ap.parse_args()
 
-    path, _ = build_testbed(load_testbed_config(args.size), progress=False)
+    if args.model:
+        path, what = Path(args.model), f"model {Path(args.model).name}"
+    else:
+        path, _ = build_testbed(load_testbed_config(args.size), progress=False)
+        what = f"testbed {args.size}"
     prompts = [r["prompt"] for r in read_jsonl(path / "data" / "countdown_eval.jsonl")][:args.prompts]
     params = SamplingParams(n=args.n, temperature=1.0, max_tokens=args.max_tokens, seed=0)
 
@@ -51,7 +58,7 @@ def main() -> None:
             dt = time.perf_counter() - t0
             rates[name].append(len(prompts) * args.n / dt)
             tokens[name].append(sum(len(c.token_ids) for row in out for c in row))
-    print(f"testbed {args.size}: {len(prompts)} prompts x n={args.n}, max_tokens={args.max_tokens}, "
+    print(f"{what}: {len(prompts)} prompts x n={args.n}, max_tokens={args.max_tokens}, "
           f"T=1.0, {args.repeats} alternating repeats")
     print(f"start-up: hf {hf_start:.1f} s, vllm {vl_start:.1f} s")
     for name in ("hf", "vllm"):

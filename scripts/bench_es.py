@@ -291,7 +291,7 @@ def vllm_lora_throughput(model: str, args, tmp: Path) -> dict:
     from vllm.lora.request import LoRARequest
 
     backend = VLLMBackend(model, dtype=args.dtype, prefix_caching=False, engine_args={
-        "enable_lora": True, "max_loras": args.members_per_call, "max_lora_rank": args.rank})
+        "enable_lora": True, "max_loras": args.members_per_call, "max_lora_rank": next(r for r in VLLM_LORA_RANKS if r >= args.rank)})
     rows = [(m, batch[i].prompt) for m in members for i in assigned[m.index]]
     params = VSP(temperature=0.0, max_tokens=args.max_tokens)
     per_call = args.members_per_call * cfg.es.prompts_per_member
@@ -322,6 +322,10 @@ def vllm_lora_throughput(model: str, args, tmp: Path) -> dict:
     t_lora = timed(lora, args.repeats)
     return {"samples": len(rows), "plain_s": t_plain, "lora_s": t_lora, "write_s": t_write,
             "differs": differs}
+
+
+# The adapter ranks vLLM's engine accepts as max_lora_rank; smaller adapters are padded.
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
 def lowrank_report(path: Path, what: str, args) -> None:

@@ -107,14 +107,20 @@ def main() -> None:
     ap.add_argument("--group", type=int, default=8, help="rollouts per prompt")
     ap.add_argument("--max-tokens", type=int, default=64, help="longest completion")
     ap.add_argument("--skip-trl", action="store_true", help="leave out the TRL comparison")
+    ap.add_argument("--model", help="benchmark this testbed model folder instead of building "
+                                    "--size")
     args = ap.parse_args()
 
-    model, _ = build_testbed(load_testbed_config(args.size), progress=False)
+    if args.model:
+        model, what = Path(args.model), f"model {Path(args.model).name}"
+    else:
+        model, _ = build_testbed(load_testbed_config(args.size), progress=False)
+        what = f"testbed {args.size}"
     work = Path(tempfile.mkdtemp(prefix="bench-grpo-"))
     t0 = time.perf_counter()
     results = {b: ours(model, b, args, work) for b in ("hf", "vllm")}
     ref = None if args.skip_trl else trl(model, args, work)
-    print(f"testbed {args.size}, {args.prompts} prompts x {args.group} rollouts, "
+    print(f"{what}, {args.prompts} prompts x {args.group} rollouts, "
           f"<= {args.max_tokens} tokens, {args.steps} steps (median of steps 2..)")
     for b, r in results.items():
         print(f"es-llm {b:5s}: step {r['step_s']:.2f} s (generation {r['gen_s']:.2f} s, training "

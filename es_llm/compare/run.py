@@ -334,10 +334,10 @@ def compare(cfg: CompareConfig, out: str | Path, progress: bool = True, echo=pri
         comp["budget_study"] = run_budget_study(cfg, sources, out, progress)
     curves = {s.name: training_curve(Path(s.run)) for s in sets if s.run}
     comp["training"] = {k: v for k, v in curves.items() if v}
-    budget: dict[str, list[float]] = {}
+    samples_per_run: dict[str, list[float]] = {}
     for name, c in comp["training"].items():
-        budget.setdefault(name.split("@")[0], []).append(c["samples"][-1])
-    comp["budget"] = budget
+        samples_per_run.setdefault(name.split("@")[0], []).append(c["samples"][-1])
+    comp["budget"] = samples_per_run
     comp["machines"] = machines(sets)
     comp["config"] = to_dict(cfg)
     figures = draw_all(comp, out / "figures")
