@@ -9,7 +9,6 @@ attempt, prefix plus completion.
 
 from __future__ import annotations
 
-import hashlib
 import random
 from dataclasses import dataclass, field
 
@@ -20,12 +19,7 @@ from es_llm.errors import BadInput
 from gradient import adaprefix, dapo
 from gradient.config import GRPORunConfig
 from gradient.dllm.estimators import estimator_spec
-
-
-def derive_seed(*parts) -> int:
-    """A 31-bit seed that is a pure function of ``parts`` (run seed, step, round...)."""
-    digest = hashlib.blake2b(":".join(map(str, parts)).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & 0x7FFFFFFF
+from gradient.seeds import derive_seed
 
 
 def prefix_controller_config(cfg: GRPORunConfig) -> adaprefix.PrefixControllerConfig:

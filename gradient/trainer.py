@@ -49,7 +49,8 @@ from gradient.kl import kl_estimate
 from gradient.logprobs import pad_rows
 from gradient.losses import LossInput, compute_loss, gapo_clip_high
 from gradient.rollout_correction import is_weights
-from gradient.rollouts import collect, derive_seed, prefix_controller_config
+from gradient.rollouts import collect, prefix_controller_config
+from gradient.seeds import derive_seed
 
 
 @dataclass

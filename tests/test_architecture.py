@@ -59,3 +59,59 @@ def test_checker_sees_imports(tmp_path):
     f = tmp_path / "m.py"
     f.write_text("import gradient.x\nfrom es_llm import y\ndef f():\n    import vllm\n")
     assert imported_modules(f) == {"gradient.x", "es_llm", "vllm"}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(package: str) -> dict[str, set[str]]:
+    """Module -> the modules of ``package`` it imports, at the top or inside a function (a
+    late import hides a circle, it does not remove it). ``from a import b`` counts as an
+    import of the module ``a.b`` when that is one, else of ``a``."""
+    modules = {module_name(p): p for p in py_files(package)}
+    graph = {}
+    for name, path in modules.items():
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                found.update(f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules
+                             else node.module for a in node.names)
+        graph[name] = {m for m in found if m in modules and m != name}
+    return graph
+
+
+def cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import circle of ``graph`` (its modules in order, the first repeated), or None."""
+    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
+    path: list[str] = []
+
+    def visit(v: str) -> list[str] | None:
+        state[v] = 1
+        path.append(v)
+        for w in sorted(graph[v]):
+            if state.get(w) == 1:
+                return path[path.index(w):] + [w]
+            if w not in state and (found := visit(w)):
+                return found
+        state[v] = 2
+        path.pop()
+        return None
+
+    for v in sorted(graph):
+        if v not in state and (found := visit(v)):
+            return found
+    return None
+
+
+def test_the_gradient_package_has_no_import_circle():
+    found = cycle(import_graph("gradient"))
+    assert found is None, f"import circle in gradient/: {' -> '.join(found)}"
+
+
+def test_the_circle_finder_finds_a_late_import_circle(tmp_path):
+    assert cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None

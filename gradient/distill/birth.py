@@ -13,6 +13,7 @@ from gradient.distill.methods import DistillInput, method_spec, run_distill
 from gradient.distill.rstg import failed_groups, linear_anneal
 from gradient.distill.scoring import token_logp
 from gradient.logprobs import completion_logits, pad_rows, token_stats
+from gradient.seeds import derive_seed
 
 
 @torch.no_grad()
@@ -34,7 +35,6 @@ def teacher_solve_rates(edges, problems: list, cfg, step: int, cache: dict) -> N
     the problems not in it: RSTG's teacher confidence (mean@k of the teacher's samples) and
     the trajectory of its SFT term."""
     from es_llm.backends.hf import HFBackend
-    from gradient.rollouts import derive_seed
 
     todo = list({p.id: p for p in problems if p.id not in cache}.values())
     if not todo:

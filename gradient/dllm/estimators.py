@@ -36,6 +36,7 @@ from gradient.dllm.masks import (block_mask_schedule, gauss_legendre, mean_field
                                  sample_block_masks, trace_rows)
 from gradient.logprobs import completion_logits, token_stats
 from gradient.registry import Registry
+from gradient.seeds import derive_seed
 
 
 @dataclass(frozen=True)
@@ -169,14 +170,8 @@ def _canvas_B_L(rows) -> torch.Tensor:
     return torch.tensor([list(r["trace"].canvas_L) for r in rows], dtype=torch.long)
 
 
-def _seed(*parts) -> int:
-    # Imported late: the rollout module imports this one.
-    from gradient.rollouts import derive_seed
-    return derive_seed(*parts)
-
-
 def _row_generator(*parts) -> torch.Generator:
-    return torch.Generator().manual_seed(_seed(*parts))
+    return torch.Generator().manual_seed(derive_seed(*parts))
 
 
 def _blockwise(inp: EstimateInput, noisy_B_L: torch.Tensor, scored_B_L: torch.Tensor
@@ -238,7 +233,7 @@ def mean_field(inp: EstimateInput) -> Estimate:
         masked = mean_field_masks(torch.ones(1, n, dtype=torch.bool),
                                   torch.zeros(1, n, dtype=torch.bool),
                                   inp.settings.p_mask_prompt,
-                                  _seed(r["mask_seed"], "mean-field", inp.view))
+                                  derive_seed(r["mask_seed"], "mean-field", inp.view))
         masked_prompts.append(masked[0])
     logp_B_L_V = canvas_logp(inp.model, [r["prompt_ids"] for r in rows],
                              torch.full_like(canvas_B_L, inp.mask_id), inp.pad_id,
