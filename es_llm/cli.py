@@ -1,7 +1,8 @@
 """The ``es-llm`` command line: one subcommand per job.
 
 Each subcommand takes ``--config FILE.yaml`` and ``key=value`` overrides (dotted keys for
-nested fields) on top of its flags; precedence is defaults < flags < file < overrides.
+nested fields) beside its flags; precedence is defaults < --config file < flags < overrides
+(``es_llm.config.load_config``).
 Exit status: 0 success, 2 bad input (config, paths, data), 1 anything else.
 """
 

@@ -7,12 +7,13 @@ is always named explicitly. Every mode is registered with ``@register_aggregatio
 takes the same ``AggregationInput``; ``aggregate(...)`` dispatches.
 
 Global divisors: ``global_tokens`` and ``global_seqs`` count the whole optimizer step (all
-micro-batches on all ranks), and the trainer computes them (``count_tokens``,
-``count_seqs``, summed through the communicator) before the first backward. Each micro-batch
-then contributes its share of one global mean, so summing micro-batch gradients (and
-averaging nothing) reproduces the full-batch gradient, whatever the micro-batch or world
-size. The world size therefore never enters this module: with data parallel the trainer
-*sums* gradients over ranks (or multiplies by the world size before an averaging allreduce).
+micro-batches), and the trainer computes them (``count_tokens``, ``count_seqs``) over the
+whole step before the first backward. Each micro-batch then contributes its share of one
+global mean, so summing micro-batch gradients (and averaging nothing) reproduces the
+full-batch gradient, whatever the micro-batch size. The trainer is single-process; a
+data-parallel one would sum the counts over its ranks the same way and then *sum* gradients
+over ranks (or multiply by the world size before an averaging allreduce), so the world size
+would still never enter this module.
 
 Masking: positions where ``mask_B_T`` is 0 are replaced by 0 before summing, so any finite
 or infinite garbage there cannot reach the result or the gradient, and a row with no tokens

@@ -140,7 +140,7 @@ def rstg(inp: DistillInput) -> DistillOutput:
     (log pi_T - log pi_S)`` on the top ``token_frac`` tokens by the soft-OR of student entropy
     and divergence, beta annealed per step, omega the teacher's solve rate on the prompt. The
     SFT term on the teacher's correct trajectory is added by the trainer as extra rows (see
-    ``trainer.distill_advantages``)."""
+    ``gradient.distill.birth.distill_rows``)."""
     r = inp.settings.rstg
     adv_kl_B_T = reverse_kl_advantage(inp.student_logp_B_T, inp.teacher_logp_B_T, inp.mask_B_T)
     score_B_T = soft_or_scores(inp.entropy_B_T, adv_kl_B_T, inp.mask_B_T)
