@@ -12,12 +12,10 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from pathlib import Path
 
 from es_llm.backends.base import SamplingParams
 from es_llm.io import read_jsonl
-from es_llm.testbed.build import build_testbed
-from es_llm.testbed.config import load_testbed_config
+from es_llm.testbed.build import model_or_testbed
 
 
 def main() -> None:
@@ -31,11 +29,7 @@ def main() -> None:
                                     "data/countdown_eval.jsonl) instead of building --size")
     args = ap.parse_args()
 
-    if args.model:
-        path, what = Path(args.model), f"model {Path(args.model).name}"
-    else:
-        path, _ = build_testbed(load_testbed_config(args.size), progress=False)
-        what = f"testbed {args.size}"
+    path, what = model_or_testbed(args.model, args.size)
     prompts = [r["prompt"] for r in read_jsonl(path / "data" / "countdown_eval.jsonl")][:args.prompts]
     params = SamplingParams(n=args.n, temperature=1.0, max_tokens=args.max_tokens, seed=0)
 

@@ -57,8 +57,7 @@ from es_llm.es.engine import es_config, evaluate_members, member_prompts, prompt
 from es_llm.es.setup import build_edges
 from es_llm.evaluate import resolve_training_data
 from es_llm.tasks import TaskConfig
-from es_llm.testbed.build import build_testbed
-from es_llm.testbed.config import load_testbed_config
+from es_llm.testbed.build import model_or_testbed
 from populations import es as pes
 from populations import lowrank
 from populations.noise import keyed_noise
@@ -291,7 +290,8 @@ def vllm_lora_throughput(model: str, args, tmp: Path) -> dict:
     from vllm.lora.request import LoRARequest
 
     backend = VLLMBackend(model, dtype=args.dtype, prefix_caching=False, engine_args={
-        "enable_lora": True, "max_loras": args.members_per_call, "max_lora_rank": next(r for r in VLLM_LORA_RANKS if r >= args.rank)})
+        "enable_lora": True, "max_loras": args.members_per_call,
+        "max_lora_rank": next(r for r in VLLM_LORA_RANKS if r >= args.rank)})
     rows = [(m, batch[i].prompt) for m in members for i in assigned[m.index]]
     params = VSP(temperature=0.0, max_tokens=args.max_tokens)
     per_call = args.members_per_call * cfg.es.prompts_per_member
@@ -406,11 +406,8 @@ def main() -> None:
         return
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-es-model-"))
-    if args.model:
-        path, what = Path(args.model), f"model {Path(args.model).name}"
-    elif args.model_shape == "testbed":
-        path, _ = build_testbed(load_testbed_config(args.size), progress=False)
-        what = f"testbed {args.size}"
+    if args.model or args.model_shape == "testbed":
+        path, what = model_or_testbed(args.model, args.size)
     else:
         path = qwen_shaped_model(tmp / "model", args.device, args.dtype)
         what = "random Qwen2.5-0.5B-shaped model"

@@ -22,8 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from es_llm.testbed.build import build_testbed
-from es_llm.testbed.config import load_testbed_config
+from es_llm.testbed.build import model_or_testbed
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -111,11 +110,7 @@ def main() -> None:
                                     "--size")
     args = ap.parse_args()
 
-    if args.model:
-        model, what = Path(args.model), f"model {Path(args.model).name}"
-    else:
-        model, _ = build_testbed(load_testbed_config(args.size), progress=False)
-        what = f"testbed {args.size}"
+    model, what = model_or_testbed(args.model, args.size)
     work = Path(tempfile.mkdtemp(prefix="bench-grpo-"))
     t0 = time.perf_counter()
     results = {b: ours(model, b, args, work) for b in ("hf", "vllm")}

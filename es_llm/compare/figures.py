@@ -190,9 +190,10 @@ def _budget_value(p: dict, stat: str) -> float:
 
 
 def budget_figure(result: dict, path: Path) -> str:
-    """Greedy accuracy and sampled pass@k of the budget study (``budget.study``) against generated samples
-    (left) and training seconds (right): each seed thin, the seed mean bold where every seed
-    of the method has that checkpoint (so a run continued alone does not bend the mean)."""
+    """Greedy accuracy and sampled pass@k of the budget study (``budget.study``) against
+    generated samples (left) and training seconds (right): each seed thin, the seed mean bold
+    where every seed of the method has that checkpoint (so a run continued alone does not
+    bend the mean)."""
     base, points = result["base"], result["points"]
     panels = [("greedy", f"greedy accuracy ({Path(result['data']).stem})")] + [
         (str(k), f"pass@{k}, T = {result['temperature']:g}") for k in result["k"]]
@@ -208,12 +209,12 @@ def budget_figure(result: dict, path: Path) -> str:
                 for seed in seeds:
                     ax.plot([0.0] + [p[axis] for p in seed], [base_y] + [_budget_value(p, stat)
                             for p in seed], color=color, lw=0.8, alpha=0.35)
-                common = set.intersection(*({p["steps"] for p in s} for s in seeds))
-                xs, ys = [0.0], [base_y]
-                for steps in sorted(common):
-                    at = [p for s in seeds for p in s if p["steps"] == steps]
-                    xs.append(float(np.mean([p[axis] for p in at])))
-                    ys.append(float(np.mean([_budget_value(p, stat) for p in at])))
+                # The summary rows are already seed means; keep those every seed has.
+                mean = [r for r in result["rows"]
+                        if r["method"] == method and r["seeds"] == len(seeds)]
+                xs = [0.0] + [r[axis] for r in mean]
+                ys = [base_y] + [r["greedy"] if stat == "greedy" else r["passk"][stat]
+                                 for r in mean]
                 ax.plot(xs, ys, color=color, lw=2, marker="o",
                         label=f"{method} ({len(seeds)} seed{'s' if len(seeds) > 1 else ''})")
             ax.set_xlabel("generated training samples" if axis == "samples"
@@ -221,10 +222,7 @@ def budget_figure(result: dict, path: Path) -> str:
             ax.set_ylabel(label)
             ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path.name
+    return _save(fig, path)
 
 
 def draw_all(comp: dict, folder: Path) -> dict[str, str]:

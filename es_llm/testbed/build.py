@@ -293,6 +293,16 @@ def _cached(folder: Path, what: str, build, echo) -> Path:
     return folder
 
 
+def model_or_testbed(model: str | None, size: str) -> tuple[Path, str]:
+    """``(folder, label)`` of the model a benchmark runs on: the folder ``model`` when given,
+    else the (cached) build of the testbed preset ``size``."""
+    if model:
+        return Path(model), f"model {Path(model).name}"
+    from es_llm.testbed.config import load_testbed_config
+
+    return build_testbed(load_testbed_config(size), progress=False)[0], f"testbed {size}"
+
+
 def build_testbed(cfg: TestbedConfig, out: str | Path | None = None, progress: bool = True,
                   echo=print) -> tuple[Path, dict]:
     """Build (or reuse from the cache) the testbed for ``cfg``; copy it to ``out`` if given.
