@@ -15,7 +15,6 @@ loading a config file drops it.
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
 import types
 import typing
@@ -25,6 +24,7 @@ from typing import Any, Callable, Iterable, TypeVar
 import yaml
 
 from es_llm.errors import BadInput
+from populations.numbers import is_finite_number
 
 C = TypeVar("C")
 
@@ -119,7 +119,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             return float(value)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise BadInput(f"config key '{key}' must be a number, got {value!r}.")
-        if not math.isfinite(value):
+        if not is_finite_number(value):
             raise BadInput(f"config key '{key}' must be a finite number, got {value!r}.")
         return float(value)
     if tp is int:

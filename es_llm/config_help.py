@@ -22,10 +22,19 @@ _FIELD_RE = re.compile(r"^(\s+)(\w+)\s*:")
 
 @lru_cache(maxsize=None)
 def field_comments(cls: type) -> dict[str, str]:
-    """The comment block above each field of dataclass ``cls``, joined into one line. A
+    """The comment block above each field of dataclass ``cls``, joined into one line, from
+    the class that declares the field (a settings class may extend a maths config). A
     field written right below another, with no comment of its own, shares that one's (one
     comment may describe a group, such as ``# Prompts per step (P) and rollouts per prompt
     (G).`` above two fields)."""
+    inherited: dict[str, str] = {}
+    for base in reversed(cls.__mro__[1:]):
+        if dataclasses.is_dataclass(base):
+            inherited.update(field_comments(base))
+    return {**inherited, **_own_comments(cls)}
+
+
+def _own_comments(cls: type) -> dict[str, str]:
     try:
         lines = inspect.getsource(cls).splitlines()
     except (OSError, TypeError):

@@ -17,7 +17,7 @@ trainer. Everything below that is more specific is this project's reading [INFER
   of the paper (unverified) mentions an EMA and updates every ~10 steps; the EMA is
   ``ema``, the cadence is the trainer's (call ``update`` when it wants).
 - Withdrawal: the prefix given at step t is ``rho_p * w(t)``, where w is 1 until
-  ``withdraw_start_step``, falls linearly to 0 at ``withdraw_end_step`` and stays 0, so
+  ``withdraw_start``, falls linearly to 0 at ``withdraw_end`` and stays 0, so
   the last phase of training sees no help at all. The controller keeps updating ``rho_p``
   from the (now harder) visits; that no longer matters once w = 0.
 
@@ -44,9 +44,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping, Sequence
 
-
-def _is_number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+from populations.numbers import is_finite_number
 
 
 def _is_int(x) -> bool:
@@ -58,38 +56,38 @@ class PrefixControllerConfig:
     """Settings of the prefix controller; raises ValueError on invalid values."""
 
     # Fraction of the reference solution a problem gets before its first visit, in [0, 1].
-    init_fraction: float
+    init_fraction: float = 0.5
     # Controller gain: change of the fraction per unit of success-rate error (> 0).
-    gain: float
+    gain: float = 0.5
     # Last step at which the controller's fraction is given in full; withdrawal starts here.
-    withdraw_start_step: int
-    # First step at which no prefix is given at all (>= withdraw_start_step).
-    withdraw_end_step: int
+    withdraw_start: int = 50
+    # First step at which no prefix is given at all (>= withdraw_start).
+    withdraw_end: int = 80
     # Success rate the controller holds each problem at, in (0, 1).
     target: float = 0.5
     # Weight of the previous success estimate in its EMA, in [0, 1); 0 = last visit only.
     ema: float = 0.0
 
     def __post_init__(self):
-        if not (_is_number(self.init_fraction) and 0 <= self.init_fraction <= 1):
+        if not (is_finite_number(self.init_fraction) and 0 <= self.init_fraction <= 1):
             raise ValueError(f"init_fraction must lie in [0, 1], got {self.init_fraction!r}")
-        if not (_is_number(self.gain) and self.gain > 0):
+        if not (is_finite_number(self.gain) and self.gain > 0):
             raise ValueError(f"gain must be a positive number, got {self.gain!r}")
-        if not (_is_int(self.withdraw_start_step) and self.withdraw_start_step >= 0):
-            raise ValueError(f"withdraw_start_step must be an integer >= 0, got "
-                             f"{self.withdraw_start_step!r}")
-        if not (_is_int(self.withdraw_end_step)
-                and self.withdraw_end_step >= self.withdraw_start_step):
-            raise ValueError(f"withdraw_end_step must be an integer >= withdraw_start_step "
-                             f"({self.withdraw_start_step}), got {self.withdraw_end_step!r}")
-        if not (_is_number(self.target) and 0 < self.target < 1):
+        if not (_is_int(self.withdraw_start) and self.withdraw_start >= 0):
+            raise ValueError(f"withdraw_start must be an integer >= 0, got "
+                             f"{self.withdraw_start!r}")
+        if not (_is_int(self.withdraw_end)
+                and self.withdraw_end >= self.withdraw_start):
+            raise ValueError(f"withdraw_end must be an integer >= withdraw_start "
+                             f"({self.withdraw_start}), got {self.withdraw_end!r}")
+        if not (is_finite_number(self.target) and 0 < self.target < 1):
             raise ValueError(f"target must lie in (0, 1), got {self.target!r}")
-        if not (_is_number(self.ema) and 0 <= self.ema < 1):
+        if not (is_finite_number(self.ema) and 0 <= self.ema < 1):
             raise ValueError(f"ema must lie in [0, 1) (0 = no averaging), got {self.ema!r}")
 
 
 def _check_unit(name: str, x) -> float:
-    if not (_is_number(x) and 0 <= x <= 1):
+    if not (is_finite_number(x) and 0 <= x <= 1):
         raise ValueError(f"{name} must be a number in [0, 1], got {x!r}")
     return float(x)
 
@@ -131,13 +129,13 @@ class PrefixState:
 
 
 def withdrawal(cfg: PrefixControllerConfig, step: int) -> float:
-    """The assistance multiplier w(step): 1 up to ``withdraw_start_step``, linear down to 0
-    at ``withdraw_end_step``, 0 from then on (so with start == end it drops at once)."""
-    if step >= cfg.withdraw_end_step:
+    """The assistance multiplier w(step): 1 up to ``withdraw_start``, linear down to 0
+    at ``withdraw_end``, 0 from then on (so with start == end it drops at once)."""
+    if step >= cfg.withdraw_end:
         return 0.0
-    if step <= cfg.withdraw_start_step:
+    if step <= cfg.withdraw_start:
         return 1.0
-    return (cfg.withdraw_end_step - step) / (cfg.withdraw_end_step - cfg.withdraw_start_step)
+    return (cfg.withdraw_end - step) / (cfg.withdraw_end - cfg.withdraw_start)
 
 
 def fraction(state: PrefixState, cfg: PrefixControllerConfig, pid: str, step: int) -> float:
@@ -157,7 +155,7 @@ def update(state: PrefixState, cfg: PrefixControllerConfig, pid: str, successes:
     """
     if not (_is_int(group_size) and group_size >= 1):
         raise ValueError(f"group_size must be a positive integer, got {group_size!r}")
-    if not (_is_number(successes) and 0 <= successes <= group_size):
+    if not (is_finite_number(successes) and 0 <= successes <= group_size):
         raise ValueError(f"successes must lie in [0, group_size] = [0, {group_size}], got "
                          f"{successes!r}")
     rate = successes / group_size

@@ -21,7 +21,7 @@ from typing import Callable
 
 import torch
 
-from gradient.registry import Registry
+from populations.registry import Registry
 
 _ADVANTAGES: Registry[Callable[["AdvantageInput"], torch.Tensor]] = Registry("advantage estimator")
 

@@ -28,7 +28,7 @@ from typing import Callable
 
 import torch
 
-from gradient.registry import Registry
+from populations.registry import Registry
 
 _AGGREGATIONS: Registry[Callable[["AggregationInput"], torch.Tensor]] = Registry(
     "aggregation mode")

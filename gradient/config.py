@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 from es_llm.config import check_choices, choice
 from es_llm.errors import BadInput
 from es_llm.tasks import TaskConfig
+from gradient.adaprefix import PrefixControllerConfig
 from gradient.distill.config import DistillSettings
+from gradient.replay import ReplayConfig
 
 
 def _registry(module: str, function: str):
@@ -112,30 +114,38 @@ class ISCorrection:
 
 
 @dataclass(frozen=True)
-class PrefixSettings:
+class PrefixSettings(PrefixControllerConfig):
+    """The controller's own settings (``adaprefix.PrefixControllerConfig``, declared there)
+    and whether it is on."""
+
     # AdaPrefix-GRPO: give each problem a prefix of its reference solution whose length a
     # feedback controller sets to hold the problem's success rate near `target`.
     enabled: bool = False
-    init_fraction: float = 0.5
-    gain: float = 0.5
-    target: float = 0.5
-    # Smoothing of the success rate (0 = the last visit alone).
-    ema: float = 0.0
-    # The help is withdrawn linearly between these steps (none after withdraw_end).
-    withdraw_start: int = 50
-    withdraw_end: int = 80
+
+    def __post_init__(self):
+        try:
+            super().__post_init__()
+        except ValueError as exc:
+            raise BadInput(f"algo.prefix: {exc}.") from None
 
 
 @dataclass(frozen=True)
-class ReplaySettings:
+class ReplaySettings(ReplayConfig):
+    """The buffer's own settings (``replay.ReplayConfig``, declared there), whether replay
+    is on and how much of it a step trains on."""
+
     # Rollout-level replay: rollouts keep the advantage and behaviour log-probs of their
     # birth; each step trains on all fresh rollouts plus replay_ratio times as many replayed.
     enabled: bool = False
-    tau_max: int = 10
-    capacity: int = 30000
     replay_ratio: float = 0.5
-    alpha: float = 0.5
-    warmup_updates: int = 20
+
+    def __post_init__(self):
+        try:
+            super().__post_init__()
+        except ValueError as exc:
+            raise BadInput(f"algo.replay: {exc}.") from None
+        if self.replay_ratio < 0:
+            raise BadInput(f"algo.replay.replay_ratio must be >= 0, got {self.replay_ratio}.")
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from typing import Callable
 
 import torch
 
-from gradient.registry import Registry
+from populations.registry import Registry
 
 _KLS: Registry[Callable[["KLInput"], torch.Tensor]] = Registry("KL estimator")
 

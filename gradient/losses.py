@@ -26,20 +26,17 @@ them over micro-batches and ranks):
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
-from gradient.registry import Registry
+from populations.numbers import is_finite_number
+from populations.registry import Registry
 
 LossFn = Callable[["LossInput"], tuple[torch.Tensor, dict[str, torch.Tensor]]]
 _LOSSES: Registry[LossFn] = Registry("policy loss")
-
-
-def _is_number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+_ROW_CLIP: set[str] = set()
 
 
 @dataclass(frozen=True)
@@ -97,24 +94,37 @@ class LossInput:
             raise ValueError(f"clip_high_B must be a tensor of shape ({lp.shape[0]},), one "
                              f"upper clip width per row, got "
                              f"{getattr(self.clip_high_B, 'shape', type(self.clip_high_B))}")
-        if not (_is_number(self.clip_low) and 0 <= self.clip_low <= 1):
+        if not (is_finite_number(self.clip_low) and 0 <= self.clip_low <= 1):
             raise ValueError(f"clip_low must be a number in [0, 1] (the lower ratio bound is "
                              f"1 - clip_low), got {self.clip_low!r}")
-        if not (_is_number(self.clip_high) and self.clip_high >= 0):
+        if not (is_finite_number(self.clip_high) and self.clip_high >= 0):
             raise ValueError(f"clip_high must be a finite number >= 0 (the upper ratio bound is "
                              f"1 + clip_high), got {self.clip_high!r}")
         if not 1 - self.clip_low < 1 + self.clip_high:
             raise ValueError(f"the clip range [1 - clip_low, 1 + clip_high] = "
                              f"[{1 - self.clip_low}, {1 + self.clip_high}] is empty; make "
                              f"clip_low or clip_high positive")
-        if self.dual_clip is not None and not (_is_number(self.dual_clip) and self.dual_clip > 1):
+        if self.dual_clip is not None and not (is_finite_number(self.dual_clip) and self.dual_clip > 1):
             raise ValueError(f"dual_clip must be a number > 1 (the cap on the loss is "
                              f"dual_clip * |A| when A < 0) or None, got {self.dual_clip!r}")
 
 
-def register_loss(name: str):
-    """Decorator registering ``fn(inp: LossInput) -> (loss_B_T, metrics)`` under ``name``."""
-    return _LOSSES.register(name)
+def register_loss(name: str, row_clip: bool = False):
+    """Decorator registering ``fn(inp: LossInput) -> (loss_B_T, metrics)`` under ``name``;
+    ``row_clip``: the loss reads per-row upper clip widths ``clip_high_B`` (the trainer's
+    ``row_clip_bounds`` birth stage makes them)."""
+    def decorator(fn: LossFn) -> LossFn:
+        _LOSSES.register(name)(fn)
+        if row_clip:
+            _ROW_CLIP.add(name)
+        return fn
+    return decorator
+
+
+def needs_row_clip(name: str) -> bool:
+    """Whether policy loss ``name`` (a registered one) needs per-row clip widths."""
+    _LOSSES.get(name)
+    return name in _ROW_CLIP
 
 
 def loss_names() -> list[str]:
@@ -244,7 +254,7 @@ def gspo(inp: LossInput) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     return _clipped_surrogate(inp, torch.exp(log_s_B_T), log_ratio_B_T, keep_B_T)
 
 
-@register_loss("gapo")
+@register_loss("gapo", row_clip=True)
 def gapo(inp: LossInput) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """GSPO with a per-row upper clip width (GAPO, arXiv 2609.00444), shape ``(B, T)``.
 
@@ -270,7 +280,7 @@ def gapo_eps_hi(c: torch.Tensor, k: int, eps_lo: float, eps_hi_max: float) -> to
     """
     if not (isinstance(k, int) and not isinstance(k, bool) and k >= 2):
         raise ValueError(f"k (rollouts per group) must be an integer >= 2, got {k!r}")
-    if not (_is_number(eps_lo) and _is_number(eps_hi_max) and 0 <= eps_lo <= eps_hi_max):
+    if not (is_finite_number(eps_lo) and is_finite_number(eps_hi_max) and 0 <= eps_lo <= eps_hi_max):
         raise ValueError(f"need finite 0 <= eps_lo <= eps_hi_max, got eps_lo={eps_lo!r}, "
                          f"eps_hi_max={eps_hi_max!r}")
     c = torch.as_tensor(c).to(torch.float64).clamp(1, k)

@@ -25,6 +25,8 @@ from typing import Callable
 
 import torch
 
+from populations.registry import Registry
+
 
 @dataclass(frozen=True)
 class Mismatch:
@@ -64,13 +66,18 @@ def _none(x: Mismatch):
 
 # Each mode maps a Mismatch to (weight_B_T before masking, hit_B_T: where it was truncated
 # or masked).
-IS_MODES: dict[str, Callable[[Mismatch], tuple[torch.Tensor, torch.Tensor]]] = {
-    "none": _none,
-    "token_truncate": partial(_truncate, _token_ratio),
-    "token_mask": partial(_mask, _token_ratio),
-    "sequence_truncate": partial(_truncate, _sequence_ratio),
-    "sequence_mask": partial(_mask, _sequence_ratio),
-}
+IS_MODES: Registry[Callable[[Mismatch], tuple[torch.Tensor, torch.Tensor]]] = Registry(
+    "importance-sampling mode")
+IS_MODES.register("none")(_none)
+IS_MODES.register("token_truncate")(partial(_truncate, _token_ratio))
+IS_MODES.register("token_mask")(partial(_mask, _token_ratio))
+IS_MODES.register("sequence_truncate")(partial(_truncate, _sequence_ratio))
+IS_MODES.register("sequence_mask")(partial(_mask, _sequence_ratio))
+
+
+def corrects(mode: str) -> bool:
+    """Whether ``mode`` (a key of ``IS_MODES``) reweights anything."""
+    return IS_MODES.get(mode) is not _none
 
 
 def is_weights(trainer_logp_B_T: torch.Tensor, engine_logp_B_T: torch.Tensor,
@@ -98,7 +105,7 @@ def is_weights(trainer_logp_B_T: torch.Tensor, engine_logp_B_T: torch.Tensor,
     diff_B_T = trainer_logp_B_T.detach().float() - engine_logp_B_T.detach().float()
     # where, not a product: padding may hold -inf or NaN, and 0 * inf is NaN.
     delta_B_T = torch.where(real_B_T, diff_B_T, torch.zeros_like(diff_B_T))
-    rho_B_T, hit_B_T = IS_MODES[mode](Mismatch(delta_B_T, real_B_T, c_min, c_max))
+    rho_B_T, hit_B_T = IS_MODES.get(mode)(Mismatch(delta_B_T, real_B_T, c_min, c_max))
     weight_B_T = rho_B_T * real_B_T
     hit_B_T = hit_B_T & real_B_T
     tokens = real_B_T.sum().clamp(min=1)

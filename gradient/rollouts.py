@@ -15,22 +15,10 @@ from dataclasses import dataclass, field
 import torch
 
 from es_llm.backends.base import SamplingParams
-from es_llm.errors import BadInput
 from gradient import adaprefix, dapo
 from gradient.config import GRPORunConfig
 from gradient.dllm.estimators import estimator_spec
 from gradient.seeds import derive_seed
-
-
-def prefix_controller_config(cfg: GRPORunConfig) -> adaprefix.PrefixControllerConfig:
-    """The AdaPrefix controller's settings from the run config (BadInput when invalid)."""
-    p = cfg.algo.prefix
-    try:
-        return adaprefix.PrefixControllerConfig(
-            init_fraction=p.init_fraction, gain=p.gain, target=p.target, ema=p.ema,
-            withdraw_start_step=p.withdraw_start, withdraw_end_step=p.withdraw_end)
-    except ValueError as exc:
-        raise BadInput(f"algo.prefix: {exc}.") from None
 
 
 @dataclass

@@ -7,17 +7,16 @@ from pathlib import Path
 
 import torch
 
-from es_llm.backends import require_vllm
+from es_llm.backends import choose_backend
 from es_llm.backends.diffusion import is_diffusion_model, saved_sampling
-from es_llm.backends.vllm_backend import vllm_available
 from es_llm.errors import BadInput
 from es_llm.evaluate import check_model_path
 from es_llm.tasks import build_task
 from gradient.adaprefix import PrefixState
+from gradient.batch import Rollout
 from gradient.config import GRPORunConfig
 from gradient.distill.methods import method_spec
-from gradient.replay import AdvantageReplayBuffer, ReplayConfig
-from gradient.rollouts import prefix_controller_config
+from gradient.replay import AdvantageReplayBuffer
 from gradient.trainer import Edges, TrainerState
 
 
@@ -65,8 +64,8 @@ def _distill_models(cfg: GRPORunConfig, tokenizer, problems: list, model_class) 
     if d.method == "none":
         return {}
     spec = method_spec(d.method)
-    if spec.scorer == "views" and set(d.avsd.views) & {"full", "partial"}:
-        _check_references(problems, cfg, "algo.distill.avsd's full and partial views")
+    if (why := spec.needs_references(d)) is not None:
+        _check_references(problems, cfg, why)
     paths = {"teacher": d.teacher, "base": cfg.model, "positive": d.w2s.positive,
              "negative": d.w2s.negative}
     models = {}
@@ -81,6 +80,15 @@ def _distill_models(cfg: GRPORunConfig, tokenizer, problems: list, model_class) 
     return models
 
 
+def records_states(cfg: GRPORunConfig) -> bool:
+    """Whether the diffusion sampler must keep every intermediate state of a rollout (a
+    divergence to a later state of the trajectory: dOPSD)."""
+    from gradient.distill.scoring import self_view_divergence
+
+    d = cfg.algo.distill
+    return d.method != "none" and method_spec(d.method).divergence is self_view_divergence
+
+
 def _check_estimator(cfg: GRPORunConfig) -> bool:
     """Whether the policy is a masked-diffusion model, after checking that the configured
     log-prob estimator is one for its kind of model (and the sampler can serve it)."""
@@ -93,10 +101,8 @@ def _check_estimator(cfg: GRPORunConfig) -> bool:
         valid = [n for n in estimator_names() if estimator_spec(n).diffusion == diffusion]
         raise BadInput(f"{cfg.model} is {kind}, but algo.dllm.estimator is {name!r}; valid "
                        f"estimators for it are: {', '.join(valid)} (see configs/dllm_*.yaml).")
+    choose_backend(cfg.backend, cfg.model)  # refuses a sampler that cannot serve the model
     if diffusion:
-        if cfg.backend == "vllm":
-            raise BadInput(f"{cfg.model} is a masked-diffusion model, which vLLM cannot serve; "
-                           f"use backend=hf or backend=auto (the project's diffusion sampler).")
         if cfg.rollout.top_p < 1:
             raise BadInput("the diffusion sampler samples with temperature only; set "
                            "rollout.top_p=1.")
@@ -142,16 +148,9 @@ def build(cfg: GRPORunConfig, resume_from: Path | None = None):
                                   weight_decay=o.weight_decay)
     state = TrainerState()
     if cfg.algo.prefix.enabled:
-        prefix_controller_config(cfg)  # validates before any work
         state.prefix = PrefixState()
     if cfg.algo.replay.enabled:
-        r = cfg.algo.replay
-        try:
-            state.replay = AdvantageReplayBuffer(ReplayConfig(
-                tau_max=r.tau_max, capacity=r.capacity, alpha=r.alpha,
-                warmup_updates=r.warmup_updates))
-        except ValueError as exc:
-            raise BadInput(f"algo.replay: {exc}.") from None
+        state.replay = AdvantageReplayBuffer(cfg.algo.replay)
     if resume_from is not None:
         saved = torch.load(resume_from / "trainer_state.pt", map_location=cfg.device,
                            weights_only=False)
@@ -160,18 +159,19 @@ def build(cfg: GRPORunConfig, resume_from: Path | None = None):
         if state.prefix is not None and saved["prefix"] is not None:
             state.prefix = PrefixState.from_dict(saved["prefix"])
         if state.replay is not None and saved["replay"] is not None:
-            state.replay.load_state_dict(saved["replay"])
-    use_vllm = not diffusion and (cfg.backend == "vllm" or (cfg.backend == "auto"
-                                                            and vllm_available()))
+            # States saved before rollouts were typed hold field dicts.
+            items = [dict(it, payload=Rollout.from_saved(it["payload"]))
+                     for it in saved["replay"]["items"]]
+            state.replay.load_state_dict({**saved["replay"], "items": items})
+    chosen = choose_backend(cfg.backend, cfg.model)
     sync = None
     if diffusion:
         # The sampler decodes with the policy itself, so updates need no weight sync.
         from es_llm.backends.diffusion import DiffusionBackend
         backend = DiffusionBackend(start, model=model, tokenizer=tokenizer, device=cfg.device,
                                    sampling=saved_sampling(cfg.model), batch_size=cfg.micro_batch,
-                                   record_states=cfg.algo.distill.method == "dopsd")
-    elif use_vllm:
-        require_vllm()
+                                   record_states=records_states(cfg))
+    elif chosen == "vllm":
         from es_llm.backends.vllm_backend import VLLMBackend
         backend = VLLMBackend(start, seed=cfg.seed, logprobs_mode="processed",
                               worker_extension=True)

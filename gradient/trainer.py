@@ -1,9 +1,11 @@
 """The GRPO-family training loop: generate -> score -> advantages -> loss -> optimizer step.
 
 ``step`` is one step, ``run`` the whole job. Every method difference is a registered function
-picked by name from the config (advantages, policy loss, aggregation, KL estimator) or a
-switch on the data side (dynamic sampling, overlong shaping, prefixes, replay); the loop
-itself has no per-method branches.
+picked by name from the config (advantages, policy loss, aggregation, KL estimator, log-prob
+estimator, distillation method), a birth stage or loss term of the run's ``stages.Plan``
+(chosen once from the config and those functions' declarations), or a switch on the data
+side (dynamic sampling, overlong shaping, prefixes); the loop itself has no per-method
+branches. Rollouts travel as a typed ``batch.RolloutBatch``.
 
 Log-prob bookkeeping (the usual source of silent GRPO bugs):
 * ``engine_logp``: what the sampler reported for the sampled tokens (vLLM's processed
@@ -35,22 +37,14 @@ from tqdm.auto import tqdm
 from es_llm.config import run_config_yaml
 from es_llm.io import complete_jsonl_rows, save_hf_checkpoint, write_text_atomic
 from es_llm.run_folder import AppendLog, written
-from gradient.advantages import AdvantageInput, compute_advantages
 from gradient.aggregation import aggregate
+from gradient.batch import RolloutBatch
 from gradient.config import GRPORunConfig
-from gradient.distill.birth import distill_rows
-from gradient.distill.drift_gate import drift_gates
-from gradient.distill.methods import method_spec
-from gradient.distill.opd import generalized_jsd
-from gradient.distill.scoring import divergence_params, target_logp
-from gradient.dllm.estimators import (EstimateInput, estimate, estimator_spec,
-                                      quadrature_levels, scored_tokens, teacher_view_targets)
-from gradient.kl import kl_estimate
-from gradient.logprobs import pad_rows
-from gradient.losses import LossInput, compute_loss, gapo_clip_high
-from gradient.rollout_correction import is_weights
-from gradient.rollouts import collect, prefix_controller_config
+from gradient.dllm.estimators import scored_tokens
+from gradient.rollouts import collect
 from gradient.seeds import derive_seed
+from gradient.stages import (TERMS, Plan, StageInput, TermInput, estimate_input, gate, plan,
+                             policy_estimate, run_birth, views)
 
 
 @dataclass
@@ -85,220 +79,45 @@ class TrainerState:
     teacher_solve: dict = field(default_factory=dict)
 
 
-def make_rows(groups, cfg: GRPORunConfig, step: int = 0) -> list[dict]:
-    """One training row per rollout, with its advantage (and GAPO clip bound); a diffusion
-    rollout also carries its trace and the seed of its log-prob masks."""
-    a = cfg.algo
-    adv_P_G = compute_advantages(a.advantage, AdvantageInput(groups.rewards_P_G, std_eps=a.std_eps,
-                                                             unbiased_std=a.unbiased_std))
-    clip_high_P_G = (gapo_clip_high(groups.correct_P_G, a.clip_low, a.gapo_clip_high_max)
-                     if a.loss == "gapo" else None)
-    adv_B = adv_P_G.reshape(-1).tolist()
-    clip_B = clip_high_P_G.reshape(-1).tolist() if clip_high_P_G is not None else None
-    reward_B = groups.rewards_P_G.reshape(-1).tolist()
-    correct_B = groups.correct_P_G.reshape(-1).tolist()
-    G = groups.rewards_P_G.shape[1]
-    traces = groups.traces or [None] * len(adv_B)
-    rows = [{"prompt_ids": groups.prompt_ids[b], "completion_ids": groups.completion_ids[b],
-             "engine_logp": groups.engine_logp[b], "adv": adv_B[b], "reward": reward_B[b],
-             "correct": correct_B[b], "clip_high": clip_B[b] if clip_B else None,
-             "old_logp": None, "is_weight": None, "problem": groups.problems[b // G],
-             "group": b // G, "trace": traces[b],
-             "mask_seed": derive_seed(cfg.seed, "mask", step, b)}
-            for b in range(len(adv_B))]
-    return quadrature_rows(rows, cfg) if a.dllm.estimator == "quadrature" else rows
-
-
-def quadrature_rows(rows: list[dict], cfg: GRPORunConfig) -> list[dict]:
-    """SLIM-RL's deterministic quadrature: each rollout becomes one row per Gauss-Legendre
-    level j with weight ``K w_j``, so sequence-mean aggregation over the B K rows gives
-    ``(1/B) sum_b sum_j w_j L_bj``."""
-    _, w_K = quadrature_levels(cfg.algo.dllm.quadrature_points)
-    K = len(w_K)
-    return [{**r, "level": j, "row_weight": float(K * w_K[j])} for r in rows for j in range(K)]
-
-
-def _views(cfg: GRPORunConfig) -> list[int]:
-    """The mask views whose log-probs are frozen: one per inner iteration (epoch) for an
-    estimator whose masks change with it, else one."""
-    return list(range(cfg.algo.epochs)) if estimator_spec(cfg.algo.dllm.estimator).per_view \
-        else [0]
-
-
-def _input(edges: Edges, model, rows: list[dict], cfg: GRPORunConfig, view: int = 0,
-           full: bool = False, with_entropy: bool = True) -> EstimateInput:
-    a = cfg.algo
-    return EstimateInput(
-        model=model, rows=rows, temperature=cfg.rollout.temperature,
-        pad_id=edges.tokenizer.pad_token_id, mask_id=edges.tokenizer.mask_token_id,
-        settings=a.dllm, block_length=edges.block_length, view=view, full=full,
-        with_entropy=with_entropy, dopsd=a.distill.dopsd)
-
-
-def _estimate(edges: Edges, model, rows: list[dict], cfg: GRPORunConfig, view: int = 0,
-              full: bool = False, with_entropy: bool = True):
-    return estimate(cfg.algo.dllm.estimator, _input(edges, model, rows, cfg, view, full,
-                                                    with_entropy))
-
-
-@torch.no_grad()
-def _frozen_logp(edges: Edges, model, rows: list[dict], cfg: GRPORunConfig, view: int):
-    """``(logp_B_T, mask_B_T)`` of ``rows`` under a model, micro-batch by micro-batch."""
-    T = max(len(r["completion_ids"]) for r in rows)
-    parts = [_estimate(edges, model, rows[s:s + cfg.micro_batch], cfg, view,
-                       with_entropy=False) for s in range(0, len(rows), cfg.micro_batch)]
-    logp_B_T = torch.cat([_pad_to(p.logp_B_T, T) for p in parts])
-    return logp_B_T, torch.cat([_pad_to(p.mask_B_T, T) for p in parts])
-
-
-def _pad_to(x_B_T: torch.Tensor, T: int) -> torch.Tensor:
-    return torch.nn.functional.pad(x_B_T, (0, T - x_B_T.shape[1]))
-
-
-def _row_old(r: dict, epoch: int):
-    return r["old_views"][epoch] if r.get("old_views") else r["old_logp"]
-
-
-def _row_ref(r: dict, epoch: int):
-    return r["ref_views"][epoch] if r.get("ref_views") else r["ref_logp"]
-
-
-def needs_old_logp(cfg: GRPORunConfig) -> bool:
-    a = cfg.algo
-    return (a.is_correction.mode != "none" or a.epochs > 1 or a.mini_batches > 1
-            or a.replay.enabled)
-
-
-@torch.no_grad()
-def freeze_behaviour(edges: Edges, rows: list[dict], cfg: GRPORunConfig) -> dict:
-    """Fill ``old_logp`` and the mismatch weight of fresh rows (before any update)."""
-    fresh = [r for r in rows if r["old_logp"] is None]
-    if not fresh or not needs_old_logp(cfg):
-        return {}
-    views = _views(cfg)
-    old = {v: _frozen_logp(edges, edges.model, fresh, cfg, v) for v in views}
-    old_B_T, mask_B_T = old[0]
-    engine_B_T = pad_rows([r["engine_logp"] or [] for r in fresh], old_B_T.shape[1],
-                          old_B_T.device)
-    # Rows the sampler did not produce (RSTG's teacher trajectories) get no correction.
-    sampled_B_1 = torch.tensor([r["engine_logp"] is not None for r in fresh],
-                               device=old_B_T.device)[:, None]
-    engine_B_T = torch.where(sampled_B_1, engine_B_T, old_B_T)
-    c = cfg.algo.is_correction
-    w_B_T, m = is_weights(old_B_T, engine_B_T, mask_B_T, mode=c.mode, c_min=c.c_min,
-                          c_max=c.c_max)
-    for i, r in enumerate(fresh):
-        n = len(r["completion_ids"])
-        r["old_logp"] = old_B_T[i, :n].tolist()
-        r["is_weight"] = w_B_T[i, :n].tolist()
-        if len(views) > 1:
-            r["old_views"] = [old[v][0][i, :n].tolist() for v in views]
-    return {f"is/{k}": float(v) for k, v in m.items()}
-
-
-@torch.no_grad()
-def freeze_reference(edges: Edges, rows: list[dict], cfg: GRPORunConfig) -> None:
-    """The frozen reference model's log-probs of fresh rows, computed once at birth: the
-    reference never changes, so every epoch, mini-batch and later replay reuses them."""
-    fresh = [r for r in rows if r.get("ref_logp") is None]
-    if edges.ref_model is None or not fresh:
-        return
-    views = _views(cfg)
-    ref = {v: _frozen_logp(edges, edges.ref_model, fresh, cfg, v)[0] for v in views}
-    for i, r in enumerate(fresh):
-        n = len(r["completion_ids"])
-        r["ref_logp"] = ref[0][i, :n].tolist()
-        if len(views) > 1:
-            r["ref_views"] = [ref[v][i, :n].tolist() for v in views]
-
-
-def _policy_logp(edges: Edges, rows: list[dict], cfg: GRPORunConfig, full: bool, view: int):
-    """The policy's log-probs, entropy and mask for ``rows`` (with the graph), and the full
-    distributions when a divergence method needs them."""
-    e = _estimate(edges, edges.model, rows, cfg, view, full=full)
-    return e.logp_B_T, e.entropy_B_T, e.mask_B_T, e.logp_B_T_V
-
-
-def _divergence(edges: Edges, rows: list[dict], cfg: GRPORunConfig, kind: str,
-                logp_B_T_V: torch.Tensor, mask_B_T: torch.Tensor) -> torch.Tensor:
-    """Per-token divergence of the policy from the method's target distributions."""
-    d = cfg.algo.distill
-    if kind == "self_view":
-        teacher = edges.teachers["base"] if d.dopsd.fixed_teacher else edges.model
-        target_B_T_V = teacher_view_targets(
-            teacher, rows, mask_B_T.shape[1], cfg.rollout.temperature,
-            edges.tokenizer.pad_token_id, edges.tokenizer.mask_token_id, d.dopsd)
-        return generalized_jsd(logp_B_T_V, target_B_T_V, mask_B_T, d.dopsd.beta)
-    target_B_T_V, _ = target_logp(kind, edges.teachers, [r["prompt_ids"] for r in rows],
-                                  [r["completion_ids"] for r in rows], cfg,
-                                  edges.tokenizer.pad_token_id, mask_B_T.shape[1])
-    beta, top_k, tail = divergence_params(kind, d)
-    return generalized_jsd(logp_B_T_V, target_B_T_V, mask_B_T, beta, top_k=top_k,
-                           tail_bucket=tail)
-
-
-def _micro_loss(edges: Edges, rows: list[dict], cfg: GRPORunConfig, tokens: float, seqs: float,
-                epoch: int = 0):
-    """The loss of one micro-batch as its share of the mini-batch (global counts)."""
-    a, d = cfg.algo, cfg.algo.distill
-    kind = method_spec(d.method).divergence if d.method != "none" else None
-    view = epoch if len(_views(cfg)) > 1 else 0
-    logp_B_T, ent_B_T, mask_B_T, logp_B_T_V = _policy_logp(edges, rows, cfg, kind is not None,
-                                                           view)
-    T, dev = logp_B_T.shape[1], logp_B_T.device
-    frozen = rows[0]["old_logp"] is not None
-    old_B_T = (pad_rows([_row_old(r, view) for r in rows], T, dev) if frozen
-               else logp_B_T.detach())
-    if rows[0].get("adv_tokens") is not None:  # per-token advantages (distillation)
-        adv_B_T = pad_rows([r["adv_tokens"] for r in rows], T, dev)
-    else:
-        adv_B_T = torch.tensor([r["adv"] for r in rows], device=dev)[:, None] * mask_B_T
-    clip_B = (torch.tensor([r["clip_high"] for r in rows], dtype=torch.float64, device=dev)
-              if rows[0]["clip_high"] is not None else None)
-    inp = LossInput(logp_B_T=logp_B_T, old_logp_B_T=old_B_T, adv_B_T=adv_B_T, mask_B_T=mask_B_T,
-                    clip_low=a.clip_low, clip_high=a.clip_high, dual_clip=a.dual_clip,
-                    clip_high_B=clip_B,
-                    is_weight_B_T=(pad_rows([r["is_weight"] for r in rows], T, dev)
-                                   if frozen else None))
-    loss_B_T, m = compute_loss(a.loss, inp)
-    if rows[0].get("row_weight") is not None:  # quadrature levels
-        loss_B_T = loss_B_T * torch.tensor([r["row_weight"] for r in rows], device=dev)[:, None]
-    stats = {}
+def _micro_loss(edges: Edges, batch: RolloutBatch, cfg: GRPORunConfig, tokens: float,
+                seqs: float, epoch: int = 0, steps: Plan | None = None):
+    """The loss of one micro-batch as its share of the mini-batch (global counts): every term
+    of the plan aggregated, gated terms multiplied by the drift gate first, then summed."""
+    steps = steps or plan(cfg, edges)
+    view = epoch if len(views(cfg)) > 1 else 0
+    e = policy_estimate(edges, edges.model, batch, cfg, view, full=steps.full)
+    padded = batch.padded(e.mask_B_T, view)
+    inp = TermInput(edges=edges, cfg=cfg, batch=batch, padded=padded, logp_B_T=e.logp_B_T,
+                    old_logp_B_T=(padded.old_logp_B_T if padded.old_logp_B_T is not None
+                                  else e.logp_B_T.detach()),
+                    entropy_B_T=e.entropy_B_T, mask_B_T=e.mask_B_T, logp_B_T_V=e.logp_B_T_V,
+                    tokens=tokens)
+    stats: dict[str, float] = {"grad/kl": 0.0}
     gate_B_T = None
-    if d.drift.enabled:
-        gate_B_T = drift_gates(logp_B_T, old_B_T, mask_B_T, d.drift.block_size, d.drift.tau)
-        loss_B_T = loss_B_T * gate_B_T
-        # Summed over micro-batches (global token count): the mean |gate - 1| per token.
-        stats["distill/gate_abs_dev"] = float(((gate_B_T - 1).abs() * mask_B_T).sum()) / tokens
+    if steps.gated:
+        gate_B_T, m = gate(inp)
+        stats.update(m)
     agg = dict(global_tokens=tokens, global_seqs=seqs, constant=cfg.rollout.max_tokens * seqs)
-    pg = aggregate(loss_B_T, mask_B_T, a.aggregation, **agg)
-    total = pg
-    if logp_B_T_V is not None:
-        div_B_T = _divergence(edges, rows, cfg, kind, logp_B_T_V, mask_B_T)
-        if gate_B_T is not None:
-            div_B_T = div_B_T * gate_B_T
-        div = aggregate(div_B_T, mask_B_T, a.aggregation, **agg)
-        total = total + d.kl_coef * div
-        stats["distill/divergence"] = float(div.detach())
-    entropy = aggregate(ent_B_T, mask_B_T, a.aggregation, **agg)
-    if a.entropy_coef:
-        total = total - a.entropy_coef * entropy
-    kl = torch.zeros(())
-    if edges.ref_model is not None:
-        ref_B_T = pad_rows([_row_ref(r, view) for r in rows], T, dev)
-        kl = aggregate(kl_estimate(a.kl.estimator, logp_B_T, ref_B_T), mask_B_T, a.aggregation,
-                       **agg)
-        total = total + a.kl.coef * kl
+    total = None
+    for name in steps.terms:
+        out = TERMS.get(name).fn(inp)
+        loss_B_T = out.loss_B_T * gate_B_T if out.gated and gate_B_T is not None \
+            else out.loss_B_T
+        value = aggregate(loss_B_T, e.mask_B_T, cfg.algo.aggregation, **agg)
+        stats[out.key] = float(value.detach())
+        stats.update(out.metrics)
+        if total is None:
+            total = value * out.coef if out.coef != 1.0 else value
+        elif out.coef:
+            total = total + out.coef * value
     total.backward()
-    share = float(mask_B_T.sum()) / max(tokens, 1.0)
-    stats.update({"grad/loss": float(total.detach()), "grad/pg_loss": float(pg.detach()),
-                  "grad/entropy": float(entropy.detach()), "grad/kl": float(kl.detach())})
-    stats.update({f"grad/{k}": float(v) * share for k, v in m.items()})
+    stats["grad/loss"] = float(total.detach())
     return stats
 
 
-def policy_update(edges: Edges, rows: list[dict], cfg: GRPORunConfig, step: int) -> dict:
-    """``epochs`` passes of ``mini_batches`` optimizer steps over ``rows``; metrics are
+def policy_update(edges: Edges, batch: RolloutBatch, cfg: GRPORunConfig, step: int,
+                  steps: Plan) -> dict:
+    """``epochs`` passes of ``mini_batches`` optimizer steps over ``batch``; metrics are
     summed over micro-batches (they are shares of the mini-batch) and averaged over updates."""
     a, o = cfg.algo, cfg.optim
     # The warmup is a function of the step alone, so a resumed run needs no scheduler state.
@@ -307,17 +126,18 @@ def policy_update(edges: Edges, rows: list[dict], cfg: GRPORunConfig, step: int)
     totals: dict[str, float] = {}
     updates = 0
     for epoch in range(a.epochs):
-        order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(
+        order = torch.randperm(len(batch), generator=torch.Generator().manual_seed(
             derive_seed(cfg.seed, "shuffle", step, epoch))).tolist()
-        size = -(-len(rows) // a.mini_batches)
-        for start in range(0, len(rows), size):
-            mini = [rows[i] for i in order[start:start + size]]
-            tokens = float(scored_tokens(a.dllm.estimator, _input(edges, edges.model, mini, cfg)))
+        size = -(-len(batch) // a.mini_batches)
+        for start in range(0, len(batch), size):
+            mini = batch.take(order[start:start + size])
+            tokens = float(scored_tokens(a.dllm.estimator,
+                                         estimate_input(edges, edges.model, mini, cfg)))
             edges.optimizer.zero_grad(set_to_none=True)
             acc: dict[str, float] = {}
             for s in range(0, len(mini), cfg.micro_batch):
                 part = _micro_loss(edges, mini[s:s + cfg.micro_batch], cfg, tokens, len(mini),
-                                   epoch)
+                                   epoch, steps)
                 for k, v in part.items():
                     acc[k] = acc.get(k, 0.0) + v
             params = [p for p in edges.model.parameters() if p.grad is not None]
@@ -330,41 +150,30 @@ def policy_update(edges: Edges, rows: list[dict], cfg: GRPORunConfig, step: int)
     return {k: v / max(updates, 1) for k, v in totals.items()} | {"grad/updates": float(updates)}
 
 
-def step(edges: Edges, cfg: GRPORunConfig, state: TrainerState, problems: list):
+def step(edges: Edges, cfg: GRPORunConfig, state: TrainerState, problems: list,
+         steps: Plan | None = None):
     """One training step; returns the new state and the step's metrics."""
+    steps = steps or plan(cfg, edges)
     t0 = time.perf_counter()
-    prefix_cfg = prefix_controller_config(cfg) if cfg.algo.prefix.enabled else None
+    prefix_cfg = cfg.algo.prefix if cfg.algo.prefix.enabled else None
     groups, state.prefix, metrics = collect(edges, problems, cfg, state.step, state.prefix,
                                             prefix_cfg)
     state.samples += int(metrics.pop("samples/step"))
     t_gen = time.perf_counter() - t0
-    rows = make_rows(groups, cfg, state.step) if groups.problems else []
-    if edges.teachers and rows:
-        rows, distill_metrics = distill_rows(edges, rows, cfg, state.step, state.teacher_solve)
-        metrics.update(distill_metrics)
-    metrics.update(freeze_behaviour(edges, rows, cfg))
-    freeze_reference(edges, rows, cfg)
-    if state.replay is not None:
-        # The version of a rollout is the step it was born in (one update per step unless
-        # mini_batches > 1); compose evicts by age, keeps every fresh rollout, adds replayed.
-        fresh = len(rows)
-        gen = torch.Generator().manual_seed(derive_seed(cfg.seed, "replay", state.step))
-        items = state.replay.compose([(r, r["adv"]) for r in rows], cfg.algo.replay.replay_ratio,
-                                     state.step, gen)
-        rows = [it.payload for it in items]
-        metrics.update({"replay/size": float(len(state.replay)),
-                        "replay/used": float(len(rows) - fresh)})
+    batch = (RolloutBatch.from_groups(groups, cfg.seed, state.step) if groups.problems
+             else RolloutBatch())
+    batch, birth_metrics = run_birth(steps.birth, StageInput(edges, cfg, state), batch)
+    metrics.update(birth_metrics)
     t1 = time.perf_counter()
-    if rows:
-        metrics.update(policy_update(edges, rows, cfg, state.step))
+    if len(batch):
+        metrics.update(policy_update(edges, batch, cfg, state.step, steps))
         if edges.sync is not None:
             edges.sync()
     state.step += 1
     t2 = time.perf_counter()
-    tokens = sum(len(r["completion_ids"]) for r in rows)
     metrics.update({"samples/generated": float(state.samples), "perf/gen_s": t_gen,
                     "perf/train_s": t2 - t1, "perf/step_s": t2 - t0,
-                    "perf/tokens_per_s": tokens / max(t2 - t0, 1e-9)})
+                    "perf/tokens_per_s": batch.tokens() / max(t2 - t0, 1e-9)})
     return state, metrics
 
 
@@ -396,9 +205,10 @@ def run(cfg: GRPORunConfig, edges: Edges, problems: list, out: Path, state: Trai
     bar = tqdm(range(state.step, cfg.steps), desc=command, unit="step", disable=not progress,
                initial=state.step, total=cfg.steps)
     log = AppendLog(out / "metrics.jsonl", again)
+    steps = plan(cfg, edges)
     try:
         for it in bar:
-            state, metrics = step(edges, cfg, state, problems)
+            state, metrics = step(edges, cfg, state, problems, steps)
             log.write(json.dumps({"step": it, **metrics}) + "\n")
             bar.write(f"step {it:4d}  reward {metrics['reward/mean']:.3f}  "
                       f"correct {metrics['reward/correct']:.3f}  "

@@ -28,6 +28,7 @@ from typing import Mapping
 import torch
 
 from populations.estimators import direction_coefficients
+from populations.numbers import is_finite_number
 from populations.noise import Member, NoiseFn, check_noise_device, population
 from populations.optimizers import OptimizerConfig, OptimizerState, make_optimizer
 from populations.perturbations import (VECTOR_MODES, KindInput, Perturbation, kind_names,
@@ -65,8 +66,7 @@ class ESConfig:
 
     def __post_init__(self):
         population(self.population, self.antithetic)  # raises on a bad or odd-antithetic N
-        if not (isinstance(self.sigma, (int, float)) and self.sigma > 0
-                and math.isfinite(self.sigma)):
+        if not (is_finite_number(self.sigma) and self.sigma > 0):
             raise ValueError(f"sigma must be a positive number, got {self.sigma!r}")
         if self.shaping not in shaping_names():
             raise ValueError(f"unknown fitness shaping {self.shaping!r}; choose one of "

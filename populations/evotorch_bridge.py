@@ -18,7 +18,9 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-_BUILDERS: dict[str, Callable[["SearchSetup"], Any]] = {}
+from populations.registry import Registry
+
+_BUILDERS: Registry[Callable[["SearchSetup"], Any]] = Registry("evotorch algorithm")
 
 
 @dataclass(frozen=True)
@@ -53,18 +55,12 @@ class SearchResult:
 def register_evotorch(name: str):
     """Decorator registering ``build(setup: SearchSetup) -> evotorch SearchAlgorithm``."""
 
-    def decorator(fn: Callable[[SearchSetup], Any]):
-        if name in _BUILDERS and _BUILDERS[name] is not fn:
-            raise ValueError(f"evotorch algorithm {name!r} is already registered")
-        _BUILDERS[name] = fn
-        return fn
-
-    return decorator
+    return _BUILDERS.register(name)
 
 
 def evotorch_names() -> list[str]:
     """The registered algorithm names, sorted."""
-    return sorted(_BUILDERS)
+    return _BUILDERS.names()
 
 
 @register_evotorch("pgpe")
@@ -109,9 +105,7 @@ def run_evotorch(algorithm: str, f: Callable[[torch.Tensor], float], theta0_D: t
 
     Raises ValueError naming the valid algorithms if ``algorithm`` is unknown.
     """
-    if algorithm not in _BUILDERS:
-        raise ValueError(f"unknown evotorch algorithm {algorithm!r}; choose one of "
-                         f"{', '.join(evotorch_names())}")
+    build = _BUILDERS.get(algorithm)
     if theta0_D.dim() != 1 or not theta0_D.is_floating_point():
         raise ValueError(f"theta0_D must be a 1-D float tensor, got {theta0_D.dtype} of shape "
                          f"{tuple(theta0_D.shape)}")
@@ -125,7 +119,7 @@ def run_evotorch(algorithm: str, f: Callable[[torch.Tensor], float], theta0_D: t
 
     problem = Problem("max", fitness, solution_length=theta0_D.numel(), dtype=theta0_D.dtype,
                       seed=seed)
-    search = _BUILDERS[algorithm](SearchSetup(problem, theta0_D.detach().cpu(), popsize, stdev,
+    search = build(SearchSetup(problem, theta0_D.detach().cpu(), popsize, stdev,
                                               lr, dict(options or {})))
     history = []
     for _ in range(steps):

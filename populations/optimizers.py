@@ -21,11 +21,13 @@ when ``anchor_decay > 0``.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Callable, Mapping, NamedTuple
 
 import torch
+
+from populations.numbers import is_finite_number
+from populations.registry import Registry
 
 Params = Mapping[str, torch.Tensor]
 
@@ -35,7 +37,7 @@ class _Rule(NamedTuple):
     step: Callable[["TensorStep"], tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
 
-_RULES: dict[str, _Rule] = {}
+_RULES: Registry[_Rule] = Registry("optimizer")
 
 
 @dataclass(frozen=True)
@@ -59,19 +61,15 @@ class OptimizerConfig:
         if self.name not in _RULES:
             raise ValueError(f"unknown optimizer {self.name!r}; choose one of "
                              f"{', '.join(optimizer_names())}")
-        if not (_finite(self.lr) and self.lr > 0):
+        if not (is_finite_number(self.lr) and self.lr > 0):
             raise ValueError(f"lr must be a positive number, got {self.lr!r}")
-        if not (len(self.betas) == 2 and all(_finite(b) and 0 <= b < 1 for b in self.betas)):
+        if not (len(self.betas) == 2 and all(is_finite_number(b) and 0 <= b < 1 for b in self.betas)):
             raise ValueError(f"betas must be two numbers in [0, 1), got {self.betas!r}")
-        if not (_finite(self.eps) and self.eps > 0):
+        if not (is_finite_number(self.eps) and self.eps > 0):
             # eps = 0 would make Adam's 0 / 0 a NaN wherever a gradient stays exactly 0.
             raise ValueError(f"eps must be a positive number, got {self.eps!r}")
-        if not (_finite(self.anchor_decay) and self.anchor_decay >= 0):
+        if not (is_finite_number(self.anchor_decay) and self.anchor_decay >= 0):
             raise ValueError(f"anchor_decay must be a number >= 0, got {self.anchor_decay!r}")
-
-
-def _finite(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 @dataclass(frozen=True)
@@ -100,9 +98,7 @@ def register_optimizer(name: str, slots: tuple[str, ...] = ()):
     ``slots`` names the zero-initialised fp32 buffers it keeps per tensor."""
 
     def decorator(fn):
-        if name in _RULES and _RULES[name].step is not fn:
-            raise ValueError(f"optimizer {name!r} is already registered")
-        _RULES[name] = _Rule(tuple(slots), fn)
+        _RULES.register(name)(_Rule(tuple(slots), fn))
         return fn
 
     return decorator
@@ -110,7 +106,7 @@ def register_optimizer(name: str, slots: tuple[str, ...] = ()):
 
 def optimizer_names() -> list[str]:
     """The registered optimizer names, sorted."""
-    return sorted(_RULES)
+    return _RULES.names()
 
 
 @register_optimizer("sgd")
@@ -143,7 +139,7 @@ def _check_fp32(params: Params, what: str) -> None:
 
 def _init(cfg: OptimizerConfig, params: Params) -> OptimizerState:
     _check_fp32(params, "params")
-    rule = _RULES[cfg.name]
+    rule = _RULES.get(cfg.name)
     slots = {}
     for name, p in params.items():
         s = {k: torch.zeros_like(p) for k in rule.slots}
@@ -161,7 +157,7 @@ def _update(cfg: OptimizerConfig, grads: Params, state: OptimizerState,
                          f"mismatched names: {sorted(mismatched)[:5]}")
     _check_fp32(params, "params")
     _check_fp32(grads, "grads")
-    rule, count = _RULES[cfg.name], state.count + 1
+    rule, count = _RULES.get(cfg.name), state.count + 1
     new_params, new_slots = {}, {}
     for name, p in params.items():
         slots = state.slots[name]

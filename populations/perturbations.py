@@ -18,6 +18,7 @@ import torch
 
 from populations import estimators, lowrank
 from populations.noise import keyed_noise
+from populations.registry import Registry
 
 VECTOR_MODES = ("frozen", "full")
 
@@ -46,29 +47,14 @@ class Perturbation(Protocol):
         """``sum_d c_d * dense(d, name, shape)`` in fp32, without forming every term."""
 
 
-_KINDS: dict[str, Callable[[KindInput], Perturbation]] = {}
-
-
-def register_kind(name: str):
-    def decorator(fn):
-        if name in _KINDS and _KINDS[name] is not fn:
-            raise ValueError(f"perturbation kind {name!r} is already registered")
-        _KINDS[name] = fn
-        return fn
-
-    return decorator
-
-
-def kind_names() -> list[str]:
-    return sorted(_KINDS)
+_KINDS: Registry[Callable[[KindInput], Perturbation]] = Registry("perturbation kind")
+register_kind = _KINDS.register
+kind_names = _KINDS.names
 
 
 def perturbation(kind: str, inp: KindInput) -> Perturbation:
     """The perturbation of ``kind`` for ``inp``; ValueError naming the kinds otherwise."""
-    if kind not in _KINDS:
-        raise ValueError(f"unknown perturbation kind {kind!r}; choose one of "
-                         f"{', '.join(kind_names())}")
-    return _KINDS[kind](inp)
+    return _KINDS.get(kind)(inp)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,10 @@ from typing import Callable
 
 import torch
 
-_SHAPINGS: dict[str, Callable[["ShapingInput"], torch.Tensor]] = {}
+from populations.numbers import is_finite_number
+from populations.registry import Registry
+
+_SHAPINGS: Registry[Callable[["ShapingInput"], torch.Tensor]] = Registry("fitness shaping")
 
 
 @dataclass(frozen=True)
@@ -44,7 +47,7 @@ class ShapingInput:
                              f"got {type(r).__name__} of shape {getattr(r, 'shape', None)}")
         if r.is_complex() or not bool(torch.isfinite(r).all()):
             raise ValueError("rewards_N_P must be real and finite (no NaN or inf)")
-        if not (isinstance(self.eps, (int, float)) and self.eps >= 0 and math.isfinite(self.eps)):
+        if not (is_finite_number(self.eps) and self.eps >= 0):
             raise ValueError(f"eps must be a finite number >= 0, got {self.eps!r}")
         g = self.groups_N_P
         if g is not None and (not isinstance(g, torch.Tensor) or g.shape != r.shape
@@ -61,18 +64,12 @@ class ShapingInput:
 def register_shaping(name: str):
     """Decorator registering ``fn(inp: ShapingInput) -> weights_N`` under ``name``."""
 
-    def decorator(fn: Callable[[ShapingInput], torch.Tensor]):
-        if name in _SHAPINGS and _SHAPINGS[name] is not fn:
-            raise ValueError(f"shaping {name!r} is already registered")
-        _SHAPINGS[name] = fn
-        return fn
-
-    return decorator
+    return _SHAPINGS.register(name)
 
 
 def shaping_names() -> list[str]:
     """The registered shaping names, sorted."""
-    return sorted(_SHAPINGS)
+    return _SHAPINGS.names()
 
 
 def shape_fitness(name: str, rewards_N_P: torch.Tensor, *, eps: float = 1e-8,
@@ -81,10 +78,7 @@ def shape_fitness(name: str, rewards_N_P: torch.Tensor, *, eps: float = 1e-8,
 
     Raises ValueError naming the valid shapings if ``name`` is not registered.
     """
-    if name not in _SHAPINGS:
-        raise ValueError(f"unknown fitness shaping {name!r}; choose one of "
-                         f"{', '.join(shaping_names())}")
-    return _SHAPINGS[name](ShapingInput(rewards_N_P, eps, groups_N_P))
+    return _SHAPINGS.get(name)(ShapingInput(rewards_N_P, eps, groups_N_P))
 
 
 def _centred(x: torch.Tensor, dim: int, eps: float | None = None) -> torch.Tensor:

@@ -32,7 +32,7 @@ def greedy_reward(edges, problems) -> float:
 
 def main() -> None:
     testbed, out, backend, *overrides = sys.argv[1:]
-    registry._BUILDERS["sevens"] = Sevens  # this process only
+    registry.TASKS.register("sevens")(Sevens)  # this process only
     base = {"model": testbed, "backend": backend, "steps": 12, "checkpoint_every": 100,
             "task": {"name": "sevens", "data": str(Path(testbed) / "data" / "countdown_rl.jsonl")},
             "rollout": {"prompts_per_step": 16, "group_size": 8, "max_tokens": 32},

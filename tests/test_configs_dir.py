@@ -31,17 +31,13 @@ GRADIENT_PREFIXES = ("grpo_", "dapo_", "gspo_", "gapo_", "adaprefix_", "replay_"
                                         if p.name.startswith(GRADIENT_PREFIXES)),
                          ids=lambda p: p.name)
 def test_grpo_family_configs_load_and_are_exercised(path):
+    from bitwise_runs import CASES
     from gradient.config import GRPORunConfig
-    from test_dllm_trainer import DLLM_CI_CONFIGS, DLLM_CONFIGS
-    from test_domains import DOMAIN_GRPO_CONFIGS
-    from test_grpo_trainer import OPD_CONFIGS, VARIANTS
 
     cfg = load_config(GRPORunConfig, path=path)
     assert cfg.rollout.group_size >= 2
-    # Every shipped variant runs end to end in test_grpo_trainer, test_dllm_trainer or
-    # test_domains (the grpo ci one is the base of the first).
-    exercised = VARIANTS + OPD_CONFIGS + DLLM_CONFIGS + DLLM_CI_CONFIGS + DOMAIN_GRPO_CONFIGS
-    assert path.name in exercised or path.name == "grpo_countdown_ci.yaml"
+    # Every shipped variant runs end to end in test_configs_bitwise.
+    assert path.name in {c.config for c in CASES}
 
 
 def test_every_config_belongs_to_a_command():

@@ -78,11 +78,17 @@ def test_dear_weights_the_opd_advantage_towards_decisions():
 def test_divergence_methods_leave_only_the_reward_advantage(name):
     out = run_distill(name, table([1.0, 0.0]))
     torch.testing.assert_close(out.adv_B_T, torch.tensor([[0.5, 0.5], [-0.5, 0.0]]))
-    assert method_spec(name).divergence in ("teacher", "w2s")
+    from gradient.distill.scoring import teacher_divergence, w2s_divergence
+
+    assert method_spec(name).divergence is {"gjsd": teacher_divergence,
+                                            "w2s": w2s_divergence}[name]
 
 
 def test_specs_declare_what_the_trainer_computes():
     assert method_spec("w2s").models == ("base", "positive", "negative")
-    assert method_spec("avsd").scorer == "views" and method_spec("avsd").models == ("base",)
+    from gradient.distill.scoring import views_scorer
+
+    assert method_spec("avsd").scorer is views_scorer and method_spec("avsd").models == ("base",)
+    assert method_spec("dopsd").scorer is None
     assert method_spec("rstg").needs_solve_rate and method_spec("dear").needs_hidden
     assert method_spec("opd").divergence is None

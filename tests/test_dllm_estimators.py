@@ -42,8 +42,11 @@ def lp(token: int, c: float) -> float:
 
 def row(canvas, step_map, n=None, **extra):
     n = len(canvas) if n is None else n
-    return {"prompt_ids": [A], "completion_ids": list(canvas[:n]), "mask_seed": 7,
-            "trace": DiffusionTrace(tuple(canvas), tuple(step_map)), **extra}
+    from gradient.batch import Rollout
+
+    return Rollout(prompt_ids=[A], completion_ids=list(canvas[:n]), engine_logp=None,
+                   reward=0.0, correct=False, problem=None, group=0, mask_seed=7,
+                   trace=DiffusionTrace(tuple(canvas), tuple(step_map)), **extra)
 
 
 def inp(rows, **kw):
@@ -74,7 +77,7 @@ def test_mean_field_masks_the_whole_canvas_and_a_seeded_share_of_the_prompt():
     e = estimate("mean_field", inp([r], settings=settings))
     assert e.logp_B_T[0].tolist() == pytest.approx([lp(A, 4), lp(B, 4)] * 2, abs=1e-6)
     # With a long prompt half masked: the same view draws the same mask, others differ.
-    long = dict(r, prompt_ids=[A] * 64)
+    long = replace(r, prompt_ids=[A] * 64)
     settings = replace(settings, p_mask_prompt=0.5)
     counts = [float(estimate("mean_field", inp([long], settings=settings, view=v)).logp_B_T[0, 1].detach())
               for v in (0, 0, 1, 2)]
@@ -148,14 +151,17 @@ def test_dopsd_teacher_sees_the_later_state_and_keeps_what_it_decoded():
 
 
 def test_quadrature_rows_carry_the_level_weights():
-    from gradient.trainer import quadrature_rows
+    from gradient.batch import Rollout, RolloutBatch
+    from gradient.dllm.estimators import estimator_spec
 
-    cfg = GRPORunConfig(algo=replace(GRPORunConfig().algo, is_correction=replace(
-        GRPORunConfig().algo.is_correction, mode="none"),
-        dllm=DiffusionRLSettings(estimator="quadrature", quadrature_points=3)))
-    out = quadrature_rows([{"adv": 1.0}], cfg)
-    assert [r["level"] for r in out] == [0, 1, 2]
-    assert [r["row_weight"] for r in out] == pytest.approx([3 * 5 / 18, 3 * 8 / 18, 3 * 5 / 18])
+    one = Rollout(prompt_ids=[1], completion_ids=[2, 3], engine_logp=None, reward=1.0,
+                  correct=True, problem=None, group=0, adv=1.0)
+    out = estimator_spec("quadrature").expand(RolloutBatch.of([one]),
+                                              DiffusionRLSettings(estimator="quadrature",
+                                                                  quadrature_points=3))
+    assert [r.level for r in out] == [0, 1, 2] and all(r.adv == 1.0 for r in out)
+    assert [r.row_weight for r in out] == pytest.approx([3 * 5 / 18, 3 * 8 / 18, 3 * 5 / 18])
+    assert estimator_spec("trace").expand is None
 
 
 @pytest.fixture(scope="module")
@@ -190,8 +196,10 @@ def test_old_and_new_passes_see_the_same_masks(diffusion_policy, estimator, p_ma
     different masks (their frozen old log-probs differ)."""
     from es_llm.config import load_config
     from gradient.setup import build
-    from gradient.trainer import freeze_behaviour, make_rows, policy_update
+    from gradient.batch import RolloutBatch
     from gradient.rollouts import collect
+    from gradient.stages import StageInput, plan, run_birth
+    from gradient.trainer import TrainerState, policy_update
 
     cfg = load_config(GRPORunConfig, overrides=[
         f"model={diffusion_policy / 'model'}", "task.name=countdown",
@@ -205,9 +213,10 @@ def test_old_and_new_passes_see_the_same_masks(diffusion_policy, estimator, p_ma
         groups, _, _ = collect(edges, problems, cfg, 0, None, None)
         # Distinct advantages so the loss has a gradient to take.
         groups.rewards_P_G = torch.arange(6, dtype=torch.float64).view(3, 2)
-        rows = make_rows(groups, cfg)
-        freeze_behaviour(edges, rows, cfg)
-        stats = policy_update(edges, rows, cfg, 0)
+        steps = plan(cfg, edges)
+        rows, _ = run_birth(steps.birth, StageInput(edges, cfg, TrainerState()),
+                            RolloutBatch.from_groups(groups, cfg.seed, 0))
+        stats = policy_update(edges, rows, cfg, 0, steps)
         # Linear warmup: step 0 of 4 runs at a quarter of the learning rate.
         assert edges.optimizer.param_groups[0]["lr"] == pytest.approx(1e-30 / 4)
     finally:
@@ -216,5 +225,5 @@ def test_old_and_new_passes_see_the_same_masks(diffusion_policy, estimator, p_ma
     assert stats["grad/ratio_mean"] == pytest.approx(1.0, abs=1e-6)
     assert stats["grad/approx_kl"] == pytest.approx(0.0, abs=1e-9)
     if estimator == "mean_field":
-        assert all(len(r["old_views"]) == 2 for r in rows)
-        assert any(r["old_views"][0] != r["old_views"][1] for r in rows)
+        assert all(len(r.old_views) == 2 for r in rows)
+        assert any(r.old_views[0] != r.old_views[1] for r in rows)

@@ -9,8 +9,8 @@ import pytest
 from gradient.adaprefix import (PrefixControllerConfig, PrefixState, fraction, prefix_tokens,
                                 update, withdrawal)
 
-CFG = PrefixControllerConfig(init_fraction=0.5, gain=0.4, withdraw_start_step=100,
-                             withdraw_end_step=200)
+CFG = PrefixControllerConfig(init_fraction=0.5, gain=0.4, withdraw_start=100,
+                             withdraw_end=200)
 
 
 def rho(state, pid):
@@ -39,8 +39,8 @@ def test_controller_raises_rho_for_failures_and_lowers_it_for_successes():
 
 
 def test_ema_smooths_the_success_estimate():
-    cfg = PrefixControllerConfig(init_fraction=0.5, gain=0.4, withdraw_start_step=0,
-                                 withdraw_end_step=10, ema=0.5)
+    cfg = PrefixControllerConfig(init_fraction=0.5, gain=0.4, withdraw_start=0,
+                                 withdraw_end=10, ema=0.5)
     # Visit 1, 0/4: the first estimate is the rate itself, 0 -> rho = 0.7.
     s = update(PrefixState(), cfg, "p", 0, 4)
     assert s.problems["p"] == pytest.approx((0.7, 0.0))
@@ -63,8 +63,8 @@ def test_withdrawal_schedule_by_hand():
     assert fraction(s, CFG, "new", 175) == pytest.approx(0.125)
     assert fraction(s, CFG, "hard", 250) == 0.0
     # start == end: full help before, none from that step on.
-    sharp = PrefixControllerConfig(init_fraction=1.0, gain=0.1, withdraw_start_step=5,
-                                   withdraw_end_step=5)
+    sharp = PrefixControllerConfig(init_fraction=1.0, gain=0.1, withdraw_start=5,
+                                   withdraw_end=5)
     assert [withdrawal(sharp, t) for t in (4, 5, 6)] == [1.0, 0.0, 0.0]
 
 
@@ -92,17 +92,17 @@ def test_state_round_trips_through_json():
 
 def test_bad_inputs_raise():
     with pytest.raises(ValueError, match="init_fraction"):
-        PrefixControllerConfig(init_fraction=1.5, gain=0.1, withdraw_start_step=0,
-                               withdraw_end_step=1)
+        PrefixControllerConfig(init_fraction=1.5, gain=0.1, withdraw_start=0,
+                               withdraw_end=1)
     with pytest.raises(ValueError, match="gain"):
-        PrefixControllerConfig(init_fraction=0.5, gain=0.0, withdraw_start_step=0,
-                               withdraw_end_step=1)
-    with pytest.raises(ValueError, match="withdraw_end_step"):
-        PrefixControllerConfig(init_fraction=0.5, gain=0.1, withdraw_start_step=10,
-                               withdraw_end_step=5)
+        PrefixControllerConfig(init_fraction=0.5, gain=0.0, withdraw_start=0,
+                               withdraw_end=1)
+    with pytest.raises(ValueError, match="withdraw_end"):
+        PrefixControllerConfig(init_fraction=0.5, gain=0.1, withdraw_start=10,
+                               withdraw_end=5)
     with pytest.raises(ValueError, match="ema"):
-        PrefixControllerConfig(init_fraction=0.5, gain=0.1, withdraw_start_step=0,
-                               withdraw_end_step=1, ema=1.0)
+        PrefixControllerConfig(init_fraction=0.5, gain=0.1, withdraw_start=0,
+                               withdraw_end=1, ema=1.0)
     with pytest.raises(ValueError, match="successes"):
         update(PrefixState(), CFG, "p", 9, 8)
     with pytest.raises(ValueError, match="group_size"):

@@ -3,6 +3,7 @@ write comparison.json, the figures, report.md and report.html."""
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from dataclasses import dataclass, field, replace
@@ -11,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from es_llm.backends import BACKEND_NAMES, vllm_available
+from es_llm.backends import BACKEND_NAMES, choose_backend
 from es_llm.compare import budget
 from es_llm.compare.analysis import compare_sets
 from es_llm.compare.capability import capability, view_label
@@ -87,8 +88,8 @@ class CompareConfig:
         return [(data, t) for data in (None, *self.also_on) for t in temps]
 
 
-RESERVED = {"models", "reference", "task", "sampling", "backend", "bootstrap", "metrics_seed",
-            "temperatures", "also_on", "views_n", "budget"}
+# A model may not be named like a config key (NAME=PATH would read as an override).
+RESERVED = frozenset(f.name for f in dataclasses.fields(CompareConfig))
 
 
 def parse_models(entries: tuple[str, ...]) -> list[tuple[str, str]]:
@@ -133,8 +134,8 @@ def sample_model(name: str, model: Path, cfg: CompareConfig, folder: Path, progr
     if _same_eval(folder, ev):
         print(f"[compare] {name}: reusing {folder / 'samples.jsonl'}")
         return folder
-    backend = cfg.backend if cfg.backend != "auto" else ("vllm" if vllm_available() else "hf")
-    if backend == "hf":
+    # In this process unless vLLM serves it (its engines share process-wide state).
+    if choose_backend(cfg.backend, str(model)) != "vllm":
         evaluate(ev, folder, progress=progress, echo=lambda *_: None)
         return folder
     folder.mkdir(parents=True, exist_ok=True)

@@ -31,6 +31,7 @@ import torch
 
 from es_llm.config import check_choices, choice
 from es_llm.errors import BadInput
+from populations.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -115,10 +116,9 @@ def tau_budget_count(x: CommitInput) -> torch.Tensor:
     return torch.minimum(torch.clamp(k_budget_B, min=k_static), x.masked_B)
 
 
-COMMIT_RULES: dict[str, Callable[[CommitInput], torch.Tensor]] = {
-    "low_confidence": low_confidence_count,
-    "tau_budget": tau_budget_count,
-}
+COMMIT_RULES: Registry[Callable[[CommitInput], torch.Tensor]] = Registry("commit rule")
+COMMIT_RULES.register("low_confidence")(low_confidence_count)
+COMMIT_RULES.register("tau_budget")(tau_budget_count)
 
 
 def predict(logits_B_L_V: torch.Tensor, temperature: float, generator: torch.Generator):
@@ -184,7 +184,7 @@ def sample(denoise: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], prompt
 
     ``denoise(ids_B_T, attention_B_T)`` returns logits ``B x T x V``. Returns the finished
     ``Canvas``: every canvas position committed, ``step_map_B_L`` in 0..(steps taken - 1)."""
-    rule = COMMIT_RULES[cfg.kind]
+    rule = COMMIT_RULES.get(cfg.kind)
     canvas = make_canvas(prompts, cfg.gen_length, mask_id, pad_id, record_states)
     L = cfg.gen_length
     index_B_L = canvas.canvas_index(L)

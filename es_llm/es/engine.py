@@ -102,7 +102,7 @@ def _weight_written(edges: Edges, es_cfg: pes.ESConfig, state: pes.ESState, mine
                 return cache[name]
 
             for m in group:
-                edges.weights.perturb(noise, m.sign * cfg.es.sigma)
+                edges.weights.perturb(noise, m.sign * es_cfg.sigma)
                 problems = [batch[i] for i in assigned[m.index]]
                 completions = edges.backend.generate([p.prompt for p in problems], params,
                                                      keys=[p.id for p in problems])
@@ -118,7 +118,7 @@ def _row_served(edges: Edges, es_cfg: pes.ESConfig, state: pes.ESState, mine, ba
     drawn per call, so memory is bounded by the call, not the population."""
     factors_for = lowrank.keyed_factors(es_cfg.run_seed, state.iteration, es_cfg.rank,
                                         device=es_cfg.noise_device)
-    scale = cfg.es.sigma / math.sqrt(es_cfg.rank)
+    scale = es_cfg.sigma / math.sqrt(es_cfg.rank)
     served = edges.weights.params
     per_call = cfg.es.members_per_call
     for start in range(0, len(mine), per_call):

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from es_llm.backends import require_vllm
+from es_llm.backends import choose_backend
 from es_llm.backends.diffusion import DiffusionBackend, is_diffusion_model
 from es_llm.backends.lowrank_rows import RowAdapters
-from es_llm.backends.vllm_backend import vllm_available
 from es_llm.comm.placement import place_rank
 from es_llm.errors import BadInput
 from es_llm.es.config import ESRunConfig
@@ -36,11 +35,14 @@ def build_edges(cfg: ESRunConfig, comm) -> tuple[Edges, list]:
                        "device=cpu.")
     place_rank(comm.local_rank, comm.local_size, cfg.device, cfg.bind_cores)
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)
-    diffusion = is_diffusion_model(cfg.model)
-    if diffusion and cfg.backend == "vllm":
-        raise BadInput(f"{cfg.model} is a masked-diffusion model, which the vllm backend cannot "
-                       f"serve; use backend=auto or hf (its members decode with the diffusion "
-                       f"sampler).")
+    rows = cfg.es.serve == "rows"
+    if rows and is_diffusion_model(cfg.model):
+        raise BadInput("es.serve=rows runs the population inside the HF decoding loop of a "
+                       "causal LM; use es.serve=weights for diffusion models.")
+    chosen = choose_backend(cfg.backend, cfg.model, hf_only=(
+        "es.serve=rows runs the population inside the HF decoding loop of a causal LM (use "
+        "es.serve=weights for vllm)" if rows else None))
+    diffusion = chosen == "diffusion"
     auto_class = AutoModelForMaskedLM if diffusion else AutoModelForCausalLM
     model = auto_class.from_pretrained(cfg.model, dtype=getattr(torch, cfg.dtype))
     model.to(cfg.device)
@@ -48,18 +50,10 @@ def build_edges(cfg: ESRunConfig, comm) -> tuple[Edges, list]:
     if cfg.es.kind == "lowrank":
         check_lowrank_rank(model, names, cfg.es.rank)
     weights = ModuleWeights(model, names)
-    rows = cfg.es.serve == "rows"
-    if rows and (diffusion or cfg.backend == "vllm"):
-        raise BadInput("es.serve=rows runs the population inside the HF decoding loop of a "
-                       "causal LM; use backend=hf (or auto), or es.serve=weights for vllm and "
-                       "diffusion models.")
-    use_vllm = not diffusion and not rows and (
-        cfg.backend == "vllm" or (cfg.backend == "auto" and vllm_available()))
     if diffusion:
         # Perturbation is the same in-place edit of the module; only decoding differs.
         backend = DiffusionBackend(cfg.model, model=model, tokenizer=tokenizer, device=cfg.device)
-    elif use_vllm:
-        require_vllm()
+    elif chosen == "vllm":
         from es_llm.backends.vllm_backend import VLLMBackend
         from es_llm.backends.vllm_weights import VLLMWeights
         backend = VLLMBackend(cfg.model, seed=cfg.seed, dtype=cfg.dtype, for_es=True)

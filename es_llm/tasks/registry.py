@@ -7,7 +7,6 @@ The registry is the only module-level mutable state in ``es_llm.tasks``.
 
 from __future__ import annotations
 
-import math
 import random
 from dataclasses import dataclass
 from pathlib import Path, PurePath
@@ -16,8 +15,10 @@ from typing import Callable
 from es_llm.config import choice
 from es_llm.errors import BadInput
 from es_llm.tasks.base import Problem, Task
+from populations.numbers import is_finite_number
+from populations.registry import Registry
 
-_BUILDERS: dict[str, Callable[["TaskConfig"], Task]] = {}
+TASKS: Registry[Callable[["TaskConfig"], Task]] = Registry("task")
 # Tasks whose answers sit in <answer> tags (so task.require_answer_tag means something).
 _TAGGED: set[str] = set()
 
@@ -65,7 +66,7 @@ class TaskConfig:
             object.__setattr__(self, "tiers", tuple(self.tiers))
         if isinstance(self.data, PurePath):
             object.__setattr__(self, "data", str(self.data))
-        if self.name not in _BUILDERS:
+        if self.name not in TASKS:
             raise BadInput(f"task.name {self.name!r} is not a registered task; choose one of "
                            f"{', '.join(task_names())}.")
         if self.data is not None:
@@ -86,7 +87,7 @@ class TaskConfig:
         if not isinstance(self.tiers, tuple) or not all(_is_int(t) and t >= 1 for t in self.tiers):
             raise BadInput(f"task.tiers must be a list of positive integers (empty = the task's "
                            f"default tiers), got {self.tiers!r}.")
-        if not (_is_number(self.timeout_s) and 0 < self.timeout_s < math.inf):
+        if not (is_finite_number(self.timeout_s) and 0 < self.timeout_s):
             raise BadInput(f"task.timeout_s must be a positive number of seconds, got "
                            f"{self.timeout_s!r}.")
         if not (_is_int(self.workers) and 0 <= self.workers <= 64):
@@ -95,7 +96,7 @@ class TaskConfig:
         if not isinstance(self.unsafe_no_sandbox, bool):
             raise BadInput(f"task.unsafe_no_sandbox must be true or false, got "
                            f"{self.unsafe_no_sandbox!r}.")
-        if not (_is_number(self.format_weight) and 0 <= self.format_weight < 1):
+        if not (is_finite_number(self.format_weight) and 0 <= self.format_weight < 1):
             raise BadInput(f"task.format_weight must lie in [0, 1) (0 = reward correctness "
                            f"only), got {self.format_weight!r}.")
         if not isinstance(self.require_answer_tag, bool):
@@ -111,18 +112,12 @@ def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def _is_number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and not math.isnan(x)
-
-
 def register_task(name: str, answer_tag: bool = False):
     """Decorator registering ``fn(cfg: TaskConfig) -> Task`` under ``name``; ``answer_tag``:
     the task reads its answers from ``<answer>`` tags and honours ``require_answer_tag``."""
 
     def decorator(fn: Callable[[TaskConfig], Task]):
-        if name in _BUILDERS and _BUILDERS[name] is not fn:
-            raise ValueError(f"task {name!r} is already registered")
-        _BUILDERS[name] = fn
+        TASKS.register(name)(fn)
         if answer_tag:
             _TAGGED.add(name)
         return fn
@@ -132,12 +127,12 @@ def register_task(name: str, answer_tag: bool = False):
 
 def build_task(cfg: TaskConfig) -> Task:
     """Build the task ``cfg.name`` from ``cfg``; raises BadInput on unusable settings."""
-    return _BUILDERS[cfg.name](cfg)
+    return TASKS.get(cfg.name)(cfg)
 
 
 def task_names() -> list[str]:
     """The registered task names, sorted."""
-    return sorted(_BUILDERS)
+    return TASKS.names()
 
 
 def combine_reward(correct: bool, format_ok: bool, format_weight: float) -> float:

@@ -19,7 +19,9 @@ from gradient.distill.dear import anchor_similarity, dear_weights, decision_mask
 from gradient.distill.opd import combine_with_reward, reverse_kl_advantage
 from gradient.distill.ra_opd import ra_keep, ra_metrics
 from gradient.distill.rstg import hybrid_advantage, linear_anneal, soft_or_scores, top_fraction
-from gradient.registry import Registry
+from gradient.distill.scoring import (self_view_divergence, teacher_divergence, teacher_scorer,
+                                      views_scorer, w2s_divergence, w2s_scorer)
+from populations.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -64,16 +66,20 @@ class MethodSpec:
     # Frozen models it loads besides the student: teacher, base (the initial student),
     # positive, negative.
     models: tuple[str, ...] = ("teacher",)
-    # How teacher_logp_B_T is made: teacher (the teacher model on the same prompt), views
-    # (the AVSD target over privileged views), w2s (the proxy teacher), none (not needed:
-    # the method's whole signal is its divergence term).
-    scorer: str = "teacher"
+    # How teacher_logp_B_T is made (a scorer of ``scoring``): the teacher model on the same
+    # prompt, the AVSD target over privileged views, the W2S proxy teacher; None: not needed
+    # (the method's whole signal is its divergence term).
+    scorer: Callable | None = teacher_scorer
     needs_entropy: bool = False
     needs_hidden: bool = False
     needs_solve_rate: bool = False
-    # A full-distribution divergence added to the loss: None, teacher, w2s (its target) or
-    # self_view (dOPSD: the same model on a later state of the trajectory).
-    divergence: str | None = None
+    # A full-distribution divergence added to the loss (a divergence of ``scoring``): to the
+    # teacher, to the W2S proxy, or dOPSD's self view (the same model on a later state of the
+    # trajectory, which needs the sampler to record its states); None: no such term.
+    divergence: Callable | None = None
+    # What in the settings makes the method read each problem's reference solution (for the
+    # error when a problem has none), or None when they do not.
+    needs_references: Callable[[object], str | None] = lambda settings: None
 
 
 _METHODS: Registry[MethodSpec] = Registry("distillation method")
@@ -174,7 +180,9 @@ def dear(inp: DistillInput) -> DistillOutput:
         "evidence_frac": float(evidence_B_T.sum() / tokens)})
 
 
-@_register("avsd", models=("base",), scorer="views")
+@_register("avsd", models=("base",), scorer=views_scorer,
+           needs_references=lambda s: ("algo.distill.avsd's full and partial views"
+                                       if set(s.avsd.views) & {"full", "partial"} else None))
 def avsd(inp: DistillInput) -> DistillOutput:
     """AVSD (Nguyen et al. 2026, arXiv 2605.20643; see ``avsd``), sampled-token form: the
     teacher log-prob is the bounded consensus target ``log q*`` over the privileged views at
@@ -193,13 +201,13 @@ def _reward_only(inp: DistillInput) -> DistillOutput:
 
 
 # GKD's generalized JSD to the teacher over the full vocabulary or its top-K (``opd``).
-_register("gjsd", divergence="teacher")(_reward_only)
+_register("gjsd", divergence=teacher_divergence)(_reward_only)
 # W2S-OPD: reverse KL to the proxy teacher base + alpha (positive - negative) (``w2s``).
-_register("w2s", models=("base", "positive", "negative"), scorer="w2s",
-          divergence="w2s")(_reward_only)
+_register("w2s", models=("base", "positive", "negative"), scorer=w2s_scorer,
+          divergence=w2s_divergence)(_reward_only)
 
 
-@_register("dopsd", models=("base",), scorer="none", divergence="self_view")
+@_register("dopsd", models=("base",), scorer=None, divergence=self_view_divergence)
 def dopsd(inp: DistillInput) -> DistillOutput:
     """dOPSD (Dat, Li, Wang 2026, arXiv 2607.04428) for masked-diffusion students: no
     advantage term; the loss is the generalized JSD between the student on an intermediate

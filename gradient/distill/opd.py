@@ -21,6 +21,8 @@ import math
 
 import torch
 
+from populations.numbers import is_finite_number
+
 
 def check_b_t(mask_B_T: torch.Tensor, **tensors_B_T: torch.Tensor) -> torch.Tensor:
     """Validate ``(B, T)`` tensors against ``mask_B_T``; return the mask as bool.
@@ -41,8 +43,7 @@ def check_b_t(mask_B_T: torch.Tensor, **tensors_B_T: torch.Tensor) -> torch.Tens
 
 def check_number(name: str, x, lo: float = -math.inf, hi: float = math.inf) -> None:
     """ValueError unless ``x`` is a finite real number in ``[lo, hi]`` (bools rejected)."""
-    if not (isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-            and lo <= x <= hi):
+    if not (is_finite_number(x) and lo <= x <= hi):
         raise ValueError(f"{name} must be a finite number in [{lo}, {hi}], got {x!r}")
 
 

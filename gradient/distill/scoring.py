@@ -1,9 +1,11 @@
 """How the teacher side of a distillation method sees the student's rollouts (torch glue
 around the pure maths of ``opd``, ``w2s`` and ``avsd``).
 
-``token_logp`` gives the teacher's log-probs of the sampled tokens at a rollout's birth, by the
-method's scorer (``MethodSpec.scorer``); ``target_logp`` gives the full next-token
-distributions a divergence method's loss compares the student with (``MethodSpec.divergence``).
+A scorer gives the teacher's log-probs of the sampled tokens at a rollout's birth
+(``MethodSpec.scorer``, run by ``token_logp``); a divergence gives the per-token divergence
+of the student's full next-token distributions from the method's target
+(``MethodSpec.divergence``, a loss term of ``gradient.stages``). Methods name these functions
+themselves, so there is no name to mistype.
 ``models`` maps a role (teacher, base, positive, negative) to a frozen causal LM; the student
 is passed separately since its weights change.
 """
@@ -13,7 +15,9 @@ from __future__ import annotations
 import torch
 
 from gradient.distill.avsd import avsd_target, jensen_bound_holds
+from gradient.distill.opd import generalized_jsd
 from gradient.distill.w2s import proxy_teacher_logits
+from gradient.dllm.estimators import teacher_view_targets
 from gradient.logprobs import completion_logits, token_stats
 
 
@@ -46,23 +50,29 @@ def _proxy_logp(models, prompts, comps, cfg, pad_id, T):
     return proxy.log_softmax(-1), targets_B_T, mask_B_T
 
 
-def target_logp(kind: str, models: dict, prompts, comps, cfg, pad_id: int, T: int):
-    """``(logp_B_T_V, mask_B_T)``: the distributions a divergence method matches (detached)."""
-    if kind == "teacher":
-        logp, _, mask = _full(models["teacher"], prompts, comps, cfg, pad_id, T)
-    else:
-        logp, _, mask = _proxy_logp(models, prompts, comps, cfg, pad_id, T)
-    return logp, mask
+# --- scorers: the teacher's log-probs of the sampled tokens at a rollout's birth -----------
+# Each is ``(student, models, rows, cfg, tokenizer, T) -> (logp_B_T, mask_B_T, metrics)`` for
+# one chunk of rows; ``token_logp`` runs one over a step's rollouts.
+
+def teacher_scorer(student, models, rows, cfg, tokenizer, T):
+    """The teacher model on the student's prompt."""
+    full, targets_B_T, mask_B_T = _full(models["teacher"], [r.prompt_ids for r in rows],
+                                        [r.completion_ids for r in rows], cfg,
+                                        tokenizer.pad_token_id, T)
+    return token_stats(full, targets_B_T, mask_B_T, with_entropy=False)[0], mask_B_T, {}
 
 
-def divergence_params(kind: str, settings) -> tuple[float, int | None, bool]:
-    """``(beta, top_k, tail_bucket)`` of ``opd.generalized_jsd`` for a divergence target:
-    GKD's configured JSD to the teacher, or W2S's reverse KL (beta 1) over the proxy's
-    top-K renormalised (no tail bucket, the project's reading of the W2S README)."""
-    if kind == "teacher":
-        g = settings.gjsd
-        return g.beta, g.top_k, g.tail_bucket
-    return 1.0, settings.w2s.top_k, False
+def w2s_scorer(student, models, rows, cfg, tokenizer, T):
+    """W2S's proxy teacher base + alpha (positive - negative)."""
+    full, targets_B_T, mask_B_T = _proxy_logp(models, [r.prompt_ids for r in rows],
+                                              [r.completion_ids for r in rows], cfg,
+                                              tokenizer.pad_token_id, T)
+    return token_stats(full, targets_B_T, mask_B_T, with_entropy=False)[0], mask_B_T, {}
+
+
+def views_scorer(student, models, rows, cfg, tokenizer, T):
+    """AVSD's bounded consensus target over the privileged views."""
+    return _views(student, models, rows, cfg, tokenizer, T)
 
 
 def _chunks(rows, size):
@@ -71,24 +81,50 @@ def _chunks(rows, size):
 
 
 @torch.no_grad()
-def token_logp(scorer: str, student, models: dict, rows: list[dict], cfg, tokenizer):
-    """``(teacher_logp_B_T, mask_B_T, metrics)`` for fresh ``rows`` under ``scorer``."""
-    pad_id, T = tokenizer.pad_token_id, max(len(r["completion_ids"]) for r in rows)
-    parts, metrics = [], []
-    for chunk in _chunks(rows, cfg.micro_batch):
-        prompts = [r["prompt_ids"] for r in chunk]
-        comps = [r["completion_ids"] for r in chunk]
-        if scorer == "views":
-            logp_B_T, mask_B_T, m = _views(student, models, chunk, cfg, tokenizer, T)
-            metrics.append(m)
-        else:
-            full, targets_B_T, mask_B_T = (_full(models["teacher"], prompts, comps, cfg, pad_id, T)
-                                           if scorer == "teacher" else
-                                           _proxy_logp(models, prompts, comps, cfg, pad_id, T))
-            logp_B_T, _ = token_stats(full, targets_B_T, mask_B_T, with_entropy=False)
-        parts.append((logp_B_T, mask_B_T))
-    out = {k: sum(m[k] for m in metrics) / len(metrics) for k in (metrics[0] if metrics else {})}
+def token_logp(scorer, student, models: dict, rows, cfg, tokenizer):
+    """``(teacher_logp_B_T, mask_B_T, metrics)`` for fresh ``rows`` under ``scorer``, micro-batch
+    by micro-batch; metrics are averaged over the micro-batches."""
+    T = max(len(r.completion_ids) for r in rows)
+    parts = [scorer(student, models, chunk, cfg, tokenizer, T)
+             for chunk in _chunks(rows, cfg.micro_batch)]
+    metrics = [p[2] for p in parts]
+    out = {k: sum(m[k] for m in metrics) / len(metrics) for k in metrics[0]}
     return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]), out
+
+
+# --- divergences: a full-distribution term of the loss ---------------------------------------
+# Each is ``(edges, rows, cfg, logp_B_T_V, mask_B_T) -> div_B_T`` (per-token, with the graph
+# of the student's ``logp_B_T_V``).
+
+def teacher_divergence(edges, rows, cfg, logp_B_T_V, mask_B_T):
+    """GKD's configured generalized JSD to the teacher, over the vocabulary or its top-K."""
+    g = cfg.algo.distill.gjsd
+    target_B_T_V, _, _ = _full(edges.teachers["teacher"], [r.prompt_ids for r in rows],
+                               [r.completion_ids for r in rows], cfg,
+                               edges.tokenizer.pad_token_id, mask_B_T.shape[1])
+    return generalized_jsd(logp_B_T_V, target_B_T_V, mask_B_T, g.beta, top_k=g.top_k,
+                           tail_bucket=g.tail_bucket)
+
+
+def w2s_divergence(edges, rows, cfg, logp_B_T_V, mask_B_T):
+    """W2S's reverse KL (beta 1) to the proxy teacher over its top-K renormalised (no tail
+    bucket, the project's reading of the W2S README)."""
+    target_B_T_V, _, _ = _proxy_logp(edges.teachers, [r.prompt_ids for r in rows],
+                                     [r.completion_ids for r in rows], cfg,
+                                     edges.tokenizer.pad_token_id, mask_B_T.shape[1])
+    return generalized_jsd(logp_B_T_V, target_B_T_V, mask_B_T, 1.0,
+                           top_k=cfg.algo.distill.w2s.top_k, tail_bucket=False)
+
+
+def self_view_divergence(edges, rows, cfg, logp_B_T_V, mask_B_T):
+    """dOPSD: the generalized JSD to the same model (or the fixed initial student) on a later
+    state of the rollout's own trajectory (``dllm.estimators.teacher_view_targets``)."""
+    d = cfg.algo.distill.dopsd
+    teacher = edges.teachers["base"] if d.fixed_teacher else edges.model
+    target_B_T_V = teacher_view_targets(teacher, rows, mask_B_T.shape[1],
+                                        cfg.rollout.temperature, edges.tokenizer.pad_token_id,
+                                        edges.tokenizer.mask_token_id, d)
+    return generalized_jsd(logp_B_T_V, target_B_T_V, mask_B_T, d.beta)
 
 
 def _candidates(view_M_B_T_V, targets_B_T, top_k):
@@ -110,12 +146,12 @@ def _views(student, models, rows, cfg, tokenizer, T):
     """AVSD's bounded consensus target at the sampled tokens, for one chunk of rows."""
     a, pad_id = cfg.algo.distill.avsd, tokenizer.pad_token_id
     teacher = student if a.live else models["base"]
-    comps = [r["completion_ids"] for r in rows]
-    student_V, targets_B_T, mask_B_T = _full(student, [r["prompt_ids"] for r in rows], comps,
+    comps = [r.completion_ids for r in rows]
+    student_V, targets_B_T, mask_B_T = _full(student, [r.prompt_ids for r in rows], comps,
                                              cfg, pad_id, T)
     views = []
     for view in a.views:
-        prompts = [tokenizer(view_prompt(r["problem"], view)).input_ids for r in rows]
+        prompts = [tokenizer(view_prompt(r.problem, view)).input_ids for r in rows]
         views.append(_full(teacher, prompts, comps, cfg, pad_id, T)[0])
     view_M_B_T_V = torch.stack(views)
     ids_B_T_C, support_B_T_C = _candidates(view_M_B_T_V, targets_B_T, a.top_k)

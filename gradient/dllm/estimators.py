@@ -27,7 +27,8 @@ would otherwise see tokens that did not exist yet when the block was decoded).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from dataclasses import replace
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -35,18 +36,18 @@ import torch
 from gradient.dllm.masks import (block_mask_schedule, gauss_legendre, mean_field_masks,
                                  sample_block_masks, trace_rows)
 from gradient.logprobs import completion_logits, token_stats
-from gradient.registry import Registry
+from populations.registry import Registry
 from gradient.seeds import derive_seed
 
 
 @dataclass(frozen=True)
 class EstimateInput:
-    """B rollouts to score. Each row dict has ``prompt_ids``, ``completion_ids`` (the canvas
-    up to and including its first EOS), and for diffusion estimators ``trace`` (a
-    ``DiffusionTrace``) and ``mask_seed``; quadrature rows also ``level``."""
+    """B rollouts to score (``gradient.batch.Rollout``): ``prompt_ids``, ``completion_ids``
+    (the canvas up to and including its first EOS), and for diffusion estimators ``trace``
+    (a ``DiffusionTrace``) and ``mask_seed``; quadrature rows also ``level``."""
 
     model: torch.nn.Module
-    rows: list[dict]
+    rows: Sequence
     temperature: float
     pad_id: int
     mask_id: int
@@ -79,6 +80,9 @@ class EstimatorSpec:
     # How many tokens of the rows the estimate scores, without running the model (the
     # global token count of token-mean aggregation); None = every completion token.
     count: Callable[[EstimateInput], int] | None = None
+    # The rows the estimator scores per rollout, made at birth from the step's
+    # ``RolloutBatch`` and ``DiffusionRLSettings``; None = one row per rollout.
+    expand: Callable | None = None
 
 
 _ESTIMATORS: Registry[EstimatorSpec] = Registry("log-prob estimator")
@@ -100,7 +104,7 @@ def scored_tokens(name: str, inp: EstimateInput) -> int:
     """The number of tokens ``estimate(name, inp)`` puts in its mask."""
     count = _ESTIMATORS.get(name).count
     if count is None:
-        return sum(len(r["completion_ids"]) for r in inp.rows)
+        return sum(len(r.completion_ids) for r in inp.rows)
     return count(inp)
 
 
@@ -114,8 +118,8 @@ def _register(name: str, **declaration):
 @_register("autoregressive", diffusion=False)
 def autoregressive(inp: EstimateInput) -> Estimate:
     """Exact teacher-forced log-probs of a causal LM (``gradient.logprobs``)."""
-    prompts = [r["prompt_ids"] for r in inp.rows]
-    comps = [r["completion_ids"] for r in inp.rows]
+    prompts = [r.prompt_ids for r in inp.rows]
+    comps = [r.completion_ids for r in inp.rows]
     T = max((len(c) for c in comps), default=0)
     logp_B_T_V, targets_B_T, mask_B_T, _ = completion_logits(inp.model, prompts, comps, T,
                                                              inp.temperature, inp.pad_id)
@@ -152,13 +156,13 @@ def _gather(rows, logp_B_L_V: torch.Tensor, scored_B_L: torch.Tensor, inp: Estim
             ) -> Estimate:
     """Completion-token log-probs (T = longest completion) from canvas distributions;
     ``scored_B_L`` marks which positions enter the estimate."""
-    T = max(len(r["completion_ids"]) for r in rows)
+    T = max(len(r.completion_ids) for r in rows)
     device = logp_B_L_V.device
     targets_B_T = torch.zeros((len(rows), T), dtype=torch.long)
     mask_B_T = torch.zeros((len(rows), T))
     for i, r in enumerate(rows):
-        n = len(r["completion_ids"])
-        targets_B_T[i, :n] = torch.tensor(r["completion_ids"], dtype=torch.long)
+        n = len(r.completion_ids)
+        targets_B_T[i, :n] = torch.tensor(r.completion_ids, dtype=torch.long)
         mask_B_T[i, :n] = scored_B_L[i, :n].float()
     targets_B_T, mask_B_T = targets_B_T.to(device), mask_B_T.to(device)
     logp_B_T_V = logp_B_L_V[:, :T]
@@ -167,7 +171,7 @@ def _gather(rows, logp_B_L_V: torch.Tensor, scored_B_L: torch.Tensor, inp: Estim
 
 
 def _canvas_B_L(rows) -> torch.Tensor:
-    return torch.tensor([list(r["trace"].canvas_L) for r in rows], dtype=torch.long)
+    return torch.tensor([list(r.trace.canvas_L) for r in rows], dtype=torch.long)
 
 
 def _row_generator(*parts) -> torch.Generator:
@@ -205,7 +209,7 @@ def _score_inputs(inp: EstimateInput, owners: list[int], inputs: list[torch.Tens
     """One forward pass over N canvas inputs, input n belonging to row ``owners[n]`` and
     scoring the positions ``keeps[n]``; each scored position is kept by exactly one input,
     so a masked sum puts it in place. Returns ``(logp_B_L_V, scored_B_L)``."""
-    logp_N_L_V = canvas_logp(inp.model, [inp.rows[i]["prompt_ids"] for i in owners],
+    logp_N_L_V = canvas_logp(inp.model, [inp.rows[i].prompt_ids for i in owners],
                              torch.stack(inputs), inp.pad_id, inp.temperature)
     device = logp_N_L_V.device
     keep_N_L = torch.stack(keeps)
@@ -229,13 +233,13 @@ def mean_field(inp: EstimateInput) -> Estimate:
     canvas_B_L = _canvas_B_L(rows)
     masked_prompts = []
     for r in rows:
-        n = len(r["prompt_ids"])
+        n = len(r.prompt_ids)
         masked = mean_field_masks(torch.ones(1, n, dtype=torch.bool),
                                   torch.zeros(1, n, dtype=torch.bool),
                                   inp.settings.p_mask_prompt,
-                                  derive_seed(r["mask_seed"], "mean-field", inp.view))
+                                  derive_seed(r.mask_seed, "mean-field", inp.view))
         masked_prompts.append(masked[0])
-    logp_B_L_V = canvas_logp(inp.model, [r["prompt_ids"] for r in rows],
+    logp_B_L_V = canvas_logp(inp.model, [r.prompt_ids for r in rows],
                              torch.full_like(canvas_B_L, inp.mask_id), inp.pad_id,
                              inp.temperature, masked_prompts, inp.mask_id)
     return _gather(rows, logp_B_L_V, torch.ones_like(canvas_B_L, dtype=torch.bool), inp)
@@ -251,8 +255,8 @@ def trace(inp: EstimateInput) -> Estimate:
     B, L = canvas_B_L.shape
     owners, inputs, keeps = [], [], []
     for i, r in enumerate(rows):
-        n = len(r["completion_ids"])
-        for targets_L, masked_L in trace_rows(list(r["trace"].step_map_L), inp.block_length,
+        n = len(r.completion_ids)
+        for targets_L, masked_L in trace_rows(list(r.trace.step_map_L), inp.block_length,
                                               inp.settings.shrink):
             if not targets_L[:n].any():  # only the EOS fill after the completion
                 continue
@@ -272,34 +276,44 @@ def quadrature_levels(points: int) -> tuple[np.ndarray, np.ndarray]:
 def quadrature_masks(inp: EstimateInput) -> torch.Tensor:
     """``B x L`` boolean: each row's Bernoulli masks at its level (see ``quadrature``)."""
     s = inp.settings
-    L = len(inp.rows[0]["trace"].canvas_L)
+    L = len(inp.rows[0].trace.canvas_L)
     levels, _ = quadrature_levels(s.quadrature_points)
     blocks = -(-L // inp.block_length)
     noisy = []
     for r in inp.rows:
-        p_K = block_mask_schedule(float(levels[r["level"]]), blocks, s.spread_cap)
+        p_K = block_mask_schedule(float(levels[r.level]), blocks, s.spread_cap)
         noisy.append(sample_block_masks(torch.ones(1, L, dtype=torch.bool), inp.block_length,
-                                        p_K, _row_generator(r["mask_seed"], "quadrature",
-                                                            r["level"]))[0])
+                                        p_K, _row_generator(r.mask_seed, "quadrature",
+                                                            r.level))[0])
     return torch.stack(noisy)
 
 
 def _count_in_completion(scored_B_L: torch.Tensor, rows) -> int:
-    return sum(int(scored_B_L[i, :len(r["completion_ids"])].sum()) for i, r in enumerate(rows))
+    return sum(int(scored_B_L[i, :len(r.completion_ids)].sum()) for i, r in enumerate(rows))
 
 
 def _count_quadrature(inp: EstimateInput) -> int:
     return _count_in_completion(quadrature_masks(inp), inp.rows)
 
 
-@_register("quadrature", count=_count_quadrature)
+def quadrature_rows(batch, settings):
+    """SLIM-RL's deterministic quadrature: each rollout becomes one row per Gauss-Legendre
+    level j with weight ``K w_j``, so sequence-mean aggregation over the B K rows gives
+    ``(1/B) sum_b sum_j w_j L_bj``."""
+    _, w_K = quadrature_levels(settings.quadrature_points)
+    K = len(w_K)
+    return type(batch).of([replace(r, level=j, row_weight=float(K * w_K[j]))
+                           for r in batch for j in range(K)])
+
+
+@_register("quadrature", count=_count_quadrature, expand=quadrature_rows)
 def quadrature(inp: EstimateInput) -> Estimate:
-    """SLIM-RL: the row's level ``t_j`` (``row["level"]``) gives per-block mask
+    """SLIM-RL: the row's level ``t_j`` (``row.level``) gives per-block mask
     probabilities (``masks.block_mask_schedule``, decreasing across blocks, mean t_j);
     Bernoulli masks over the canvas from (row seed, level), so old and new passes see the
     same masks; the masked completion tokens are scored block by block."""
     noisy_B_L = quadrature_masks(inp)
-    n_B = torch.tensor([len(r["completion_ids"]) for r in inp.rows])
+    n_B = torch.tensor([len(r.completion_ids) for r in inp.rows])
     in_completion_B_L = torch.arange(noisy_B_L.shape[1])[None, :] < n_B[:, None]
     return _blockwise(inp, noisy_B_L, noisy_B_L & in_completion_B_L)
 
@@ -317,7 +331,7 @@ def trajectory_state(trace, i: int, mask_id: int) -> torch.Tensor:
     return torch.where((step_L <= i) & (step_L >= 0), canvas_L, torch.full_like(canvas_L, mask_id))
 
 
-def view_pair(row: dict, dopsd) -> tuple[int, list[int]]:
+def view_pair(row, dopsd) -> tuple[int, list[int]]:
     """The student's state index and the teacher's state indices for one rollout.
 
     Candidates for the student are the states (``-1 .. S-2``) whose masked fraction of the
@@ -325,8 +339,8 @@ def view_pair(row: dict, dopsd) -> tuple[int, list[int]]:
     masked, or one at random from the row's seed. The teacher sees ``gap`` steps later
     (``snapshot``, capped at the final state), the final state (``final``), or every later
     state (``all_future``)."""
-    step_L = torch.tensor(row["trace"].step_map_L)
-    n = len(row["completion_ids"])
+    step_L = torch.tensor(row.trace.step_map_L)
+    n = len(row.completion_ids)
     S = int(step_L.max()) + 1
     frac = [float((step_L[:n] > i).float().mean()) for i in range(-1, S - 1)]
     candidates = [i - 1 for i, f in enumerate(frac) if f > dopsd.mask_threshold] or [-1]
@@ -335,7 +349,7 @@ def view_pair(row: dict, dopsd) -> tuple[int, list[int]]:
     elif dopsd.step_select == "least":
         i = candidates[-1]
     else:
-        g = _row_generator(row["mask_seed"], "dopsd-view")
+        g = _row_generator(row.mask_seed, "dopsd-view")
         i = candidates[int(torch.randint(len(candidates), (1,), generator=g))]
     if dopsd.teacher_view == "snapshot":
         return i, [min(i + dopsd.gap, S - 1)]
@@ -346,7 +360,7 @@ def view_pair(row: dict, dopsd) -> tuple[int, list[int]]:
 
 def student_states(inp: EstimateInput) -> torch.Tensor:
     """``B x L``: each rollout's student state (``view_pair``)."""
-    return torch.stack([trajectory_state(r["trace"], view_pair(r, inp.dopsd)[0], inp.mask_id)
+    return torch.stack([trajectory_state(r.trace, view_pair(r, inp.dopsd)[0], inp.mask_id)
                         for r in inp.rows])
 
 
@@ -359,13 +373,13 @@ def student_view(inp: EstimateInput) -> Estimate:
     """dOPSD's student side: the model's distributions on one intermediate state of the
     rollout's own trajectory (``view_pair``), at the completion positions masked there."""
     states_B_L = student_states(inp)
-    logp_B_L_V = canvas_logp(inp.model, [r["prompt_ids"] for r in inp.rows], states_B_L,
+    logp_B_L_V = canvas_logp(inp.model, [r.prompt_ids for r in inp.rows], states_B_L,
                              inp.pad_id, inp.temperature)
     return _gather(inp.rows, logp_B_L_V, states_B_L == inp.mask_id, inp)
 
 
 @torch.no_grad()
-def teacher_view_targets(model, rows: list[dict], T: int, temperature: float, pad_id: int,
+def teacher_view_targets(model, rows: Sequence, T: int, temperature: float, pad_id: int,
                          mask_id: int, dopsd) -> torch.Tensor:
     """dOPSD's teacher side, ``B x T x V`` log-probs: at each completion position, the mean
     over the teacher's states of its distribution there, where a state still has the
@@ -379,9 +393,9 @@ def teacher_view_targets(model, rows: list[dict], T: int, temperature: float, pa
     for i, r in enumerate(rows):
         _, views = view_pair(r, dopsd)
         owners += [i] * len(views)
-        states += [trajectory_state(r["trace"], j, mask_id) for j in views]
+        states += [trajectory_state(r.trace, j, mask_id) for j in views]
     states_N_L = torch.stack(states)
-    logp_N_L_V = canvas_logp(model, [rows[i]["prompt_ids"] for i in owners], states_N_L, pad_id,
+    logp_N_L_V = canvas_logp(model, [rows[i].prompt_ids for i in owners], states_N_L, pad_id,
                              temperature)
     device, V = logp_N_L_V.device, logp_N_L_V.shape[-1]
     canvas_N_L = _canvas_B_L([rows[i] for i in owners])
