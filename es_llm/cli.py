@@ -199,7 +199,8 @@ def build_parser(plugins: dict | None = None) -> argparse.ArgumentParser:
             per-problem accuracy histograms, progressions and regressions against the
             reference model; answer entropy (also on regressions), distinct answers,
             distinct-n, self-BLEU and distinct correct solutions; training curves of the runs
-            the checkpoints came from; with --budget-runs, accuracy along training runs
+            the checkpoints came from; gains by difficulty (DRG, accuracy per difficulty bin
+            of the reference and per tier); with --budget-runs, accuracy along training runs
             against generated samples and training seconds. Several training seeds of one
             method are named method@seed and reported as a group (seed spread beside the
             bootstrap CIs)."""),
@@ -233,6 +234,17 @@ def build_parser(plugins: dict | None = None) -> argparse.ArgumentParser:
                           "(budget.n=4 at budget.temperature=0.6 on every budget.stride=4-th "
                           "problem, pass@budget.k=[1,4]); the report adds a table and a figure "
                           "by generated samples and by training seconds")
+    cmp.add_argument("--difficulty-file", metavar="FILE",
+                     help="per-problem difficulty for the gains-by-difficulty section (besides "
+                          "the reference's failure rate and the tiers): JSONL with an 'id' and "
+                          "a number in column difficulty_column (default 'difficulty') for "
+                          "every compared problem, e.g. human error rates")
+    cmp.add_argument("--blind-spot", action="store_true", default=None,
+                     help="the pass@k blind spot: for every model folder, the problems none of "
+                          "its first blind_spot.k=6 samples solves, read again greedily and by "
+                          "five greedy chains with activations grafted into one layer "
+                          "(blind_spot.layer; numbers reordered, a mean activation, another "
+                          "prompt); the report adds recovery rates and the fix sets' overlaps")
     _add_common(cmp, out_required=True, config="es_llm.compare.run:CompareConfig")
     for command in (plugin_commands() if plugins is None else plugins).values():
         command.add_parser(sub, _add_common)
@@ -303,9 +315,12 @@ def run_compare(args) -> None:
         (overrides if "." in entry.split("=", 1)[0] else models).append(entry)
     if models:
         flags["models"] = models
-    for key in ("reference", "bootstrap", "temperatures", "also_on", "views_n"):
+    for key in ("reference", "bootstrap", "temperatures", "also_on", "views_n",
+                "difficulty_file"):
         if getattr(args, key) is not None:
             flags[key] = getattr(args, key)
+    if args.blind_spot:
+        flags["blind_spot"] = {"enabled": True}
     if args.budget_runs is not None:
         runs = [e for e in args.budget_runs if "." not in e.split("=", 1)[0]]
         overrides += [e for e in args.budget_runs if e not in runs]

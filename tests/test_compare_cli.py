@@ -83,6 +83,71 @@ def test_html_report_shows_its_figures_in_a_headless_browser(report):
     assert all(i["width"] > 600 and i["height"] > 300 for i in page["images"])
 
 
+def test_difficulty_section_is_the_metrics_of_the_same_samples(report):
+    from es_llm.metrics.difficulty import base_difficulty, difficulty_bins, drg_auc
+
+    root, out = report
+    comp = json.loads((out / "comparison.json").read_text())
+    diff = comp["difficulty"]
+    assert diff["signals"] == ["base", "tier"] and diff["methods"]["base"]["drg"]["base"] is None
+
+    def acc(name):
+        rows = read_jsonl(root / "evals" / name / "samples.jsonl")
+        by = {}
+        for r in rows:
+            by.setdefault(r["problem_id"], []).append(r["correct"])
+        ids = sorted(by, key=lambda x: int(x[1:]))
+        return np.array([np.mean(by[i]) for i in ids]), np.array([sum(by[i]) for i in ids])
+
+    base_P, base_c = acc("base")
+    es_P = (acc("es@0")[0] + acc("es@1")[0]) / 2
+    e_P = base_difficulty(base_c, 8)
+    assert diff["methods"]["es"]["drg"]["base"]["auc"] == pytest.approx(drg_auc(e_P, es_P))
+    bins = difficulty_bins(e_P)
+    for k, cell in enumerate(diff["methods"]["es"]["by_bin"]):
+        assert cell["problems"] == int((bins == k).sum())
+        if cell["problems"]:
+            assert cell["accuracy"] == pytest.approx(es_P[bins == k].mean())
+            assert cell["difference"] == pytest.approx((es_P - base_P)[bins == k].mean())
+    md = (out / "report.md").read_text()
+    assert "## Gains by difficulty" in md and "(figures/difficulty.png)" in md
+    d = diff["methods"]["grpo"]["drg"]["base"]
+    assert f"| grpo | {d['value']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}]" in md
+    tier0 = diff["methods"]["grpo"]["by_tier"][0]
+    assert (f"| 0 | {tier0['problems']} | {100 * diff['methods']['base']['by_tier'][0]['accuracy']:.1f}%"
+            in md)
+
+
+def test_a_difficulty_file_adds_its_signal_and_bad_ones_exit_2(report, tmp_path, capsys):
+    root, _ = report
+    models = ["--models", f"base={root / 'evals' / 'base'}", f"es@0={root / 'evals' / 'es@0'}"]
+    good = tmp_path / "human.jsonl"
+    good.write_text("".join(json.dumps({"id": f"p{i}", "error_rate": i / 30}) + "\n"
+                            for i in range(30)))
+    out = tmp_path / "ok"
+    assert main(["compare", *models, "--difficulty-file", str(good), "difficulty_column=error_rate",
+                 "--out", str(out), "--no-progress"]) == 0
+    diff = json.loads((out / "comparison.json").read_text())["difficulty"]
+    assert diff["signals"] == ["base", "tier", "error_rate"]
+    assert diff["methods"]["es"]["drg"]["error_rate"]["value"] == pytest.approx(
+        diff["methods"]["es"]["drg"]["error_rate"]["auc"] * 2 - 1)
+    capsys.readouterr()
+    short = tmp_path / "short.jsonl"
+    short.write_text("".join(json.dumps({"id": f"p{i}", "error_rate": 0.5}) + "\n"
+                             for i in range(29)))
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"id": "p0", "error_rate": 0.5}\nnot json\n')
+    for path, message in ((short, "no 'error_rate' for 1 of the compared problems"),
+                          (broken, "line 2 needs an 'id' and a finite number"),
+                          (tmp_path / "none.jsonl", "is not a file")):
+        bad = tmp_path / "bad"
+        assert main(["compare", *models, "--difficulty-file", str(path),
+                     "difficulty_column=error_rate", "--out", str(bad), "--no-progress"]) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, err
+        assert not bad.exists()
+
+
 def test_samples_model_folders_with_identical_settings_and_reuses_them(ci_testbed, tmp_path, capsys):
     model = tmp_path / "copy"
     shutil.copytree(ci_testbed, model)
@@ -158,6 +223,16 @@ def test_capability_views_read_every_model_greedily_and_sampled_on_each_set(
     assert "## Capability or sharpening" in report and "gap T=0.6" in report
     assert (out / "figures" / "capability.png").stat().st_size > 0
     assert "(figures/capability.png)" in report
+    # Gains by difficulty on the testbed's own tiers (the copy is the same model).
+    diff = json.loads((out / "comparison.json").read_text())["difficulty"]
+    assert "## Gains by difficulty" in report and "tier" in diff["signals"]
+    copy_bins = diff["methods"]["copy"]["by_bin"]
+    assert sum(b["problems"] for b in copy_bins) == 4
+    d = diff["methods"]["copy"]["drg"]
+    cells = ["-" if d[s] is None or d[s]["value"] != d[s]["value"] else
+             f"{d[s]['value']:+.3f}" + (f" [{d[s]['ci95'][0]:+.3f}, {d[s]['ci95'][1]:+.3f}]"
+                                       if d[s]["ci95"] else "") for s in diff["signals"]]
+    assert "| copy | " + " | ".join(cells) + " |" in report
     # Sample files cannot be read again at other settings.
     capsys.readouterr()
     assert main(["compare", "--models", f"base={out / 'samples' / 'base'}", f"copy={model}",

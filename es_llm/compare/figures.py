@@ -185,6 +185,44 @@ def capability(cap: dict, path: Path) -> str:
     return _save(fig, path)
 
 
+def difficulty(diff: dict, path: Path) -> str:
+    """Accuracy per base-difficulty bin, one bar per method (seed means)."""
+    methods = list(diff["methods"])
+    labels = diff["bins"]
+    x = np.arange(len(labels))
+    width = 0.8 / len(methods)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    colors = _colors(methods)
+    for i, m in enumerate(methods):
+        ys = [np.nan if g["accuracy"] is None else 100 * g["accuracy"]
+              for g in diff["methods"][m]["by_bin"]]
+        ax.bar(x + (i - (len(methods) - 1) / 2) * width, ys, width, label=m, color=colors[m])
+    counts = [g["problems"] for g in diff["methods"][methods[0]]["by_bin"]]
+    ax.set_xticks(x, [f"{lab}\n({c})" for lab, c in zip(labels, counts)])
+    ax.set_xlabel(f"base difficulty: {diff['reference']}'s failure rate (problems)")
+    ax.set_ylabel("accuracy per sample, %")
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def blind_spot(spot: dict, path: Path) -> str:
+    """Per model: greedy alone and recovered by any chain, as % of its never-sampled
+    problems."""
+    names = list(spot["models"])
+    x = np.arange(len(names))
+    fig, ax = plt.subplots(figsize=(max(5.0, 0.9 * len(names) + 2), 4))
+    for offset, key, label in ((-0.2, "greedy", "greedy alone"), (0.2, "recovered", "any chain")):
+        ys = [100 * m[key] / m["diagnosed"] if m["diagnosed"] else np.nan
+              for m in spot["models"].values()]
+        ax.bar(x + offset, ys, 0.4, label=label)
+    ax.set_xticks(x, [f"{n}\n({m['diagnosed']})" for n, m in spot["models"].items()])
+    ax.set_ylabel("% of never-sampled problems solved")
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
 def _budget_value(p: dict, stat: str) -> float:
     return p["stats"]["greedy"]["a"] if stat == "greedy" else p["stats"]["passk"][stat]["a"]
 
@@ -237,6 +275,10 @@ def draw_all(comp: dict, folder: Path) -> dict[str, str]:
         out["training"] = curve
     if comp.get("capability"):
         out["capability"] = capability(comp["capability"], folder / "capability.png")
+    if comp.get("blind_spot"):
+        out["blind_spot"] = blind_spot(comp["blind_spot"], folder / "blind_spot.png")
+    if comp.get("difficulty"):
+        out["difficulty"] = difficulty(comp["difficulty"], folder / "difficulty.png")
     if comp.get("budget_study"):
         out["budget_study"] = budget_figure(comp["budget_study"], folder / "budget.png")
     return out

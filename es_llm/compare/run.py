@@ -4,6 +4,7 @@ write comparison.json, the figures, report.md and report.html."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import subprocess
 import sys
 from dataclasses import dataclass, field, replace
@@ -15,7 +16,9 @@ import yaml
 from es_llm.backends import BACKEND_NAMES, choose_backend
 from es_llm.compare import budget
 from es_llm.compare.analysis import compare_sets
+from es_llm.compare.blind_spot import BlindSpotConfig, diagnose
 from es_llm.compare.capability import capability, view_label
+from es_llm.compare.difficulty import difficulty
 from es_llm.compare.figures import draw_all
 from es_llm.compare.report import summary_rows, to_markdown, write_report
 from es_llm.compare.samples import SETTING_KEYS, align, check_name, load_samples, samples_path
@@ -32,6 +35,7 @@ from es_llm.evaluate import (
 from es_llm.io import complete_jsonl_rows, write_json_atomic, write_text_atomic
 from es_llm.machine import machine_kind
 from es_llm.metrics.summary import json_safe
+from populations.numbers import is_finite_number
 from es_llm.run_folder import check_out_path, recorded_machine
 from es_llm.tasks import TaskConfig, build_task
 
@@ -67,6 +71,13 @@ class CompareConfig:
     # Accuracy against training budget: every checkpoint along budget.runs read on one
     # problem set, placed by generated samples and by training seconds.
     budget: budget.BudgetConfig = field(default_factory=budget.BudgetConfig)
+    # Per-problem difficulty for the "gains by difficulty" section (besides the reference's
+    # failure rate and the problems' tiers): a JSONL file with an `id` and this column per
+    # problem, e.g. human error rates; every compared problem needs a value.
+    difficulty_file: str | None = None
+    # The column of difficulty_file that holds each problem's difficulty.
+    difficulty_column: str = "difficulty"
+    blind_spot: BlindSpotConfig = field(default_factory=BlindSpotConfig)
 
     def __post_init__(self):
         check_choices(self)
@@ -209,7 +220,111 @@ def check_inputs(cfg: CompareConfig, out: Path) -> tuple[list, dict]:
     if cfg.budget.runs:
         budget_data(cfg, sources)
         budget.parse_runs(cfg.budget.runs)
+    if cfg.blind_spot.enabled:
+        blind_spot_models(cfg, sources, loaded)
     return sources, loaded
+
+
+def blind_spot_models(cfg: CompareConfig, sources: list, loaded: dict) -> dict[str, Path]:
+    """The model folder behind each compared model, checked for the blind spot: a causal
+    decoder the HF backend serves, the layer in range, at least k samples per problem."""
+    from transformers import AutoConfig
+
+    from es_llm.backends.diffusion import is_diffusion_model
+
+    b = cfg.blind_spot
+    if cfg.task.name != "countdown":
+        raise BadInput(f"--blind-spot's reorder graft lists a Countdown problem's numbers in "
+                       f"another order, so it needs task countdown (got {cfg.task.name!r}).")
+    out = {}
+    for name, path, _ in sources:
+        n = loaded[name].n if name in loaded else cfg.sampling.n
+        if n < b.k:
+            raise BadInput(f"--blind-spot needs at least blind_spot.k={b.k} samples per "
+                           f"problem to find the never-solved ones, but {name} has n={n}; "
+                           f"sample with --n {b.k} or more, or lower blind_spot.k.")
+        folder = path if path.is_dir() and (path / "config.json").is_file() else (
+            Path(loaded[name].model) if name in loaded and loaded[name].model else None)
+        if folder is None or not (folder / "config.json").is_file():
+            raise BadInput(f"--blind-spot runs {name}'s model, but {path} records no model "
+                           f"folder; give the model folder (or an eval folder whose "
+                           f"config.yaml names one).")
+        if is_diffusion_model(str(folder)):
+            raise BadInput(f"--blind-spot grafts activations into a causal decoder's layers; "
+                           f"{name} ({folder}) is a masked-diffusion model.")
+        layers = getattr(AutoConfig.from_pretrained(folder), "num_hidden_layers", None)
+        if not isinstance(layers, int) or not -layers <= b.layer < layers:
+            raise BadInput(f"blind_spot.layer={b.layer} is out of range for {name}: it has "
+                           f"{layers} decoder layers (0..{(layers or 1) - 1}, or negative "
+                           f"from the end).")
+        out[name] = folder
+    return out
+
+
+def run_blind_spot(cfg: CompareConfig, sets: list, sources: list, loaded: dict, echo) -> dict:
+    """The blind-spot figures of every model (``blind_spot.diagnose``)."""
+    from es_llm.backends.hf import HFBackend
+
+    folders = blind_spot_models(cfg, sources, loaded)
+    ev = resolve_task_config(EvalConfig(model=str(next(iter(folders.values()))), task=cfg.task))
+    task = build_task(ev.task)
+    try:
+        problems = {p.id: p for p in task.problems()}
+        models = {}
+        for s in sets:
+            echo(f"[compare] blind spot: {s.name}")
+            models[s.name] = diagnose(HFBackend(str(folders[s.name])), task, problems, s,
+                                      cfg.blind_spot, cfg.sampling.max_tokens, cfg.metrics_seed)
+    finally:
+        task.close()
+    return {"config": to_dict(cfg.blind_spot), "models": models}
+
+
+def _compared_ids(cfg: CompareConfig, sources: list, loaded: dict) -> list[str]:
+    """The problem ids the comparison will cover, known before anything is sampled."""
+    if loaded:
+        return list(next(iter(loaded.values())).problem_ids)
+    model = next(path for _, path, _ in sources)
+    ev = resolve_task_config(EvalConfig(model=str(model), task=cfg.task))
+    task = build_task(ev.task)
+    try:
+        return [p.id for p in task.problems()]
+    finally:
+        task.close()
+
+
+def difficulty_file(cfg: CompareConfig, sources: list, loaded: dict) -> dict | None:
+    """``{"name", "values": {problem id: float}}`` from ``cfg.difficulty_file``, or None;
+    BadInput when the file is unreadable or misses a compared problem."""
+    if cfg.difficulty_file is None:
+        return None
+    path, column = Path(cfg.difficulty_file), cfg.difficulty_column
+    if not path.is_file():
+        raise BadInput(f"--difficulty-file {str(path)!r} is not a file; give a JSONL file with "
+                       f"an 'id' and a '{column}' number per problem.")
+    values: dict[str, float] = {}
+    try:
+        lines = path.read_text().splitlines()
+    except UnicodeDecodeError:
+        raise BadInput(f"--difficulty-file {path} is not UTF-8 text (JSONL).") from None
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            row = None
+        value = row.get(column) if isinstance(row, dict) else None
+        if not isinstance(row, dict) or "id" not in row or not is_finite_number(value):
+            raise BadInput(f"{path} line {i + 1} needs an 'id' and a finite number in column "
+                           f"'{column}' (difficulty_column=NAME picks the column), got "
+                           f"{line[:120]!r}.")
+        values[str(row["id"])] = float(value)
+    missing = [pid for pid in _compared_ids(cfg, sources, loaded) if pid not in values]
+    if missing:
+        raise BadInput(f"{path} has no '{column}' for {len(missing)} of the compared problems "
+                       f"(e.g. {missing[0]!r}); every problem needs a difficulty value.")
+    return {"name": column, "values": values}
 
 
 def budget_data(cfg: CompareConfig, sources: list) -> tuple[Path, Path]:
@@ -305,6 +420,7 @@ def compare(cfg: CompareConfig, out: str | Path, progress: bool = True, echo=pri
     report. ``on_folder(out)`` is called once the output folder exists."""
     out = Path(out)
     sources, loaded = check_inputs(cfg, out)
+    item_difficulty = difficulty_file(cfg, sources, loaded)
     out.mkdir(parents=True, exist_ok=True)
     if on_folder is not None:
         on_folder(out)
@@ -330,6 +446,10 @@ def compare(cfg: CompareConfig, out: str | Path, progress: bool = True, echo=pri
     if views:
         comp["capability"] = capability(views, cfg.reference,
                                         np.random.default_rng(cfg.metrics_seed), cfg.bootstrap)
+    comp["difficulty"] = difficulty(sets, cfg.reference, np.random.default_rng(cfg.metrics_seed),
+                                    cfg.bootstrap, item_difficulty)
+    if cfg.blind_spot.enabled:
+        comp["blind_spot"] = run_blind_spot(cfg, sets, sources, loaded, echo)
     if cfg.budget.runs:
         echo(f"[compare] accuracy along {len(cfg.budget.runs)} training runs")
         comp["budget_study"] = run_budget_study(cfg, sources, out, progress)
