@@ -134,8 +134,10 @@ def build_parser(plugins: dict | None = None) -> argparse.ArgumentParser:
             sampler settings; diffusion.enabled=true), and domain models of the student's
             family with their own held-out sets: code/ learns the pyfunc task
             (code.enabled=true; scoring needs bubblewrap) and chess/ the chess task
-            (chess.enabled=true; needs the Syzygy tables that scripts/setup.sh installs).
-            Builds are cached by a hash of the config and builder code under $ES_LLM_CACHE
+            (chess.enabled=true; needs the Syzygy tables that scripts/setup.sh installs),
+            and reasoning/ plays Countdown in the solve, direct, facts, review and revise
+            roles that `es-llm testtime` needs (reasoning.enabled=true; roles.json lists
+            them). Builds are cached by a hash of the config and builder code under $ES_LLM_CACHE
             (default ~/.cache/es-llm), each part on its own key,
             and copied to --out."""),
         formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -245,7 +247,14 @@ def build_parser(plugins: dict | None = None) -> argparse.ArgumentParser:
                           "five greedy chains with activations grafted into one layer "
                           "(blind_spot.layer; numbers reordered, a mean activation, another "
                           "prompt); the report adds recovery rates and the fix sets' overlaps")
+    cmp.add_argument("--testtime-methods", metavar="M1,M2,...",
+                     help="also run these test-time methods (`es-llm testtime`) on every model "
+                          "folder at testtime.budgets=[2,4,8] and draw their success against "
+                          "tokens together, e.g. independent,base_select for student "
+                          "checkpoints")
     _add_common(cmp, out_required=True, config="es_llm.compare.run:CompareConfig")
+    from es_llm.testtime import command as testtime_command
+    testtime_command.add_parser(sub, _add_common)
     for command in (plugin_commands() if plugins is None else plugins).values():
         command.add_parser(sub, _add_common)
     return parser
@@ -321,6 +330,9 @@ def run_compare(args) -> None:
             flags[key] = getattr(args, key)
     if args.blind_spot:
         flags["blind_spot"] = {"enabled": True}
+    if args.testtime_methods:
+        flags["testtime"] = {"methods": [m.strip() for m in args.testtime_methods.split(",")
+                                         if m.strip()]}
     if args.budget_runs is not None:
         runs = [e for e in args.budget_runs if "." not in e.split("=", 1)[0]]
         overrides += [e for e in args.budget_runs if e not in runs]
@@ -329,6 +341,18 @@ def run_compare(args) -> None:
     if args.print_config:
         return print_config(cfg)
     compare(cfg, required_out(args), progress=not args.no_progress, on_folder=args.log.attach)
+
+
+def run_testtime(args) -> None:
+    from es_llm.config import load_config
+    from es_llm.testtime.command import flags
+    from es_llm.testtime.run import TestTimeConfig, testtime
+
+    cfg = load_config(TestTimeConfig, path=args.config, flags=flags(args),
+                      overrides=args.overrides)
+    if args.print_config:
+        return print_config(cfg)
+    testtime(cfg, required_out(args), progress=not args.no_progress, on_folder=args.log.attach)
 
 
 def run_es(args) -> None:
@@ -435,7 +459,7 @@ def main(argv: list[str] | None = None) -> int:
     status, message = 1, None
     try:
         commands = {"testbed": run_testbed, "eval": run_eval, "es": run_es,
-                    "compare": run_compare}
+                    "compare": run_compare, "testtime": run_testtime}
         commands.update({name: c.run for name, c in plugins.items()})
         commands[args.command](args)
         status = 0

@@ -121,10 +121,12 @@ def save_hf_checkpoint(model, tokenizer, folder: str | Path, data_from: str | Pa
     data = Path(data_from) / "data" if data_from is not None else None
     if data is not None and data.is_dir():
         shutil.copytree(data, tmp / "data")
-    # A diffusion model's sampler settings travel too, so its checkpoints decode the same way.
-    sampler = Path(data_from) / SAMPLING_FILE if data_from is not None else None
-    if sampler is not None and sampler.is_file():
-        shutil.copy2(sampler, tmp / SAMPLING_FILE)
+    # A diffusion model's sampler settings travel too, so its checkpoints decode the same
+    # way, and a multi-role model's roles, so the test-time methods still find them.
+    for name in (SAMPLING_FILE, "roles.json"):
+        source = Path(data_from) / name if data_from is not None else None
+        if source is not None and source.is_file():
+            shutil.copy2(source, tmp / name)
     if extra is not None:
         extra(tmp)
     share_tree(tmp)

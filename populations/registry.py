@@ -1,8 +1,8 @@
 """The one registry type of the project: named variants that take one shared typed input
 (tasks, fitness shapings, optimizers, perturbation kinds, evotorch algorithms, diffusion
 commit rules, advantage estimators, policy losses, aggregation modes, KL and log-prob
-estimators, importance-sampling modes, distillation methods, trainer stages). It lives in
-the bottom layer so that every package can use it.
+estimators, importance-sampling modes, distillation methods, trainer stages, test-time
+methods). It lives in the bottom layer so that every package can use it.
 
 An unknown name fails naming the valid ones; registering a different entry under a taken
 name fails (re-running the same definition is harmless).

@@ -72,3 +72,14 @@ def ci_domains() -> Path:
                                                                  "chess.enabled=true"]),
                             progress=False, echo=lambda *_: None)
     return path
+
+
+@pytest.fixture(scope="session")
+def ci_reasoning() -> Path:
+    """The multi-role reasoning model of the ci testbed (its reasoning/ folder), built once."""
+    from es_llm.testbed.build import build_testbed
+    from es_llm.testbed.config import load_testbed_config
+
+    path, _ = build_testbed(load_testbed_config("ci", overrides=["reasoning.enabled=true"]),
+                            progress=False, echo=lambda *_: None)
+    return path / "reasoning"

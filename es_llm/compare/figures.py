@@ -279,6 +279,9 @@ def draw_all(comp: dict, folder: Path) -> dict[str, str]:
         out["blind_spot"] = blind_spot(comp["blind_spot"], folder / "blind_spot.png")
     if comp.get("difficulty"):
         out["difficulty"] = difficulty(comp["difficulty"], folder / "difficulty.png")
+    if comp.get("testtime"):
+        from es_llm.compare.testtime import testtime_figure
+        out["testtime"] = testtime_figure(comp["testtime"], folder / "testtime.png")
     if comp.get("budget_study"):
         out["budget_study"] = budget_figure(comp["budget_study"], folder / "budget.png")
     return out

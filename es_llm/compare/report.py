@@ -7,6 +7,7 @@ import html
 from pathlib import Path
 
 from es_llm.compare.budget import table as budget_table
+from es_llm.compare.testtime import testtime_blocks
 from es_llm.io import write_text_atomic
 
 DIVERSITY_ROWS = (("distinct_answers", "distinct final answers"),
@@ -126,6 +127,7 @@ def blocks(comp: dict, figures: dict[str, str]) -> list[tuple]:
     out += capability_blocks(comp.get("capability"), figures.get("capability"))
     out += difficulty_blocks(comp.get("difficulty"), figures.get("difficulty"))
     out += blind_spot_blocks(comp.get("blind_spot"), figures.get("blind_spot"))
+    out += testtime_blocks(comp.get("testtime"), figures.get("testtime"))
     budget = comp.get("budget") or {}
     if budget:
         out.append(("h", 2, "Training budget"))
@@ -210,10 +212,12 @@ def capability_blocks(cap: dict | None, figure: str | None = None) -> list[tuple
 
 
 def _drg_cell(d: dict | None) -> str:
-    if d is None or d["value"] != d["value"]:  # absent, or undefined (NaN)
+    # Absent, or undefined (NaN in memory, null once written as JSON).
+    if d is None or d["value"] is None or d["value"] != d["value"]:
         return "-"
     ci = d.get("ci95")
-    return f"{d['value']:+.3f}" + (f" [{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else "")
+    return f"{d['value']:+.3f}" + (f" [{ci[0]:+.3f}, {ci[1]:+.3f}]"
+                                   if ci and None not in ci else "")
 
 
 def _group_table(diff: dict, key: str, first: str) -> tuple[list[str], list[list[str]]]:

@@ -17,6 +17,7 @@ from es_llm.backends import BACKEND_NAMES, choose_backend
 from es_llm.compare import budget
 from es_llm.compare.analysis import compare_sets
 from es_llm.compare.blind_spot import BlindSpotConfig, diagnose
+from es_llm.compare.testtime import TestTimeCompare, check_testtime, run_testtime
 from es_llm.compare.capability import capability, view_label
 from es_llm.compare.difficulty import difficulty
 from es_llm.compare.figures import draw_all
@@ -78,6 +79,8 @@ class CompareConfig:
     # The column of difficulty_file that holds each problem's difficulty.
     difficulty_column: str = "difficulty"
     blind_spot: BlindSpotConfig = field(default_factory=BlindSpotConfig)
+    # Test-time methods on every model folder (es_llm/compare/testtime.py).
+    testtime: TestTimeCompare = field(default_factory=TestTimeCompare)
 
     def __post_init__(self):
         check_choices(self)
@@ -222,6 +225,8 @@ def check_inputs(cfg: CompareConfig, out: Path) -> tuple[list, dict]:
         budget.parse_runs(cfg.budget.runs)
     if cfg.blind_spot.enabled:
         blind_spot_models(cfg, sources, loaded)
+    if cfg.testtime.methods:
+        check_testtime(cfg, sources, loaded)
     return sources, loaded
 
 
@@ -450,6 +455,9 @@ def compare(cfg: CompareConfig, out: str | Path, progress: bool = True, echo=pri
                                     cfg.bootstrap, item_difficulty)
     if cfg.blind_spot.enabled:
         comp["blind_spot"] = run_blind_spot(cfg, sets, sources, loaded, echo)
+    if cfg.testtime.methods:
+        echo(f"[compare] test-time methods {', '.join(cfg.testtime.methods)}")
+        comp["testtime"] = run_testtime(cfg, sources, out, progress)
     if cfg.budget.runs:
         echo(f"[compare] accuracy along {len(cfg.budget.runs)} training runs")
         comp["budget_study"] = run_budget_study(cfg, sources, out, progress)

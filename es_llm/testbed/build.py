@@ -21,7 +21,7 @@ from es_llm.machine import machine_info, machine_kind
 from es_llm.run_folder import check_out_path
 from es_llm.io import (make_temp_dir, replace_dir_atomic, share_tree, write_json_atomic,
                        write_jsonl_atomic, write_text_atomic)
-from es_llm.testbed.config import DOMAINS, TestbedConfig
+from es_llm.testbed.config import MODEL_TASKS, TestbedConfig
 from es_llm.testbed.teachers import build_weak_pair, save_model
 from es_llm.testbed.tokenizer import build_tokenizer
 from es_llm.testbed.train import held_out_sets, make_model, record, train
@@ -168,16 +168,21 @@ def _diffusion_into(tmp: Path, student: Path, cfg: TestbedConfig, progress: bool
 
 
 def _domain_into(tmp: Path, name: str, cfg: TestbedConfig, progress: bool) -> None:
-    """A domain model (``domains.py``), its held-out sets and its pass@k on them."""
-    from es_llm.testbed.domains import build_domain
+    """A domain model (``domains.py``), its held-out sets and its pass@k on them; a model
+    that learned several roles also gets ``roles.json`` (``es_llm.testtime.roles``)."""
+    from es_llm.testbed.domains import build_domain, roles_of
 
     t0 = time.perf_counter()
     tokenizer = build_tokenizer()
     model, stats = build_domain(name, cfg, tokenizer, tmp, progress)
     save_model(model, tokenizer, tmp)
+    roles = roles_of(name)
+    if roles:
+        from es_llm.testtime.roles import write_roles
+        write_roles(tmp, roles)
     build_s = round(time.perf_counter() - t0, 1)
-    report = _report(tmp, tmp, cfg, progress, task_name=DOMAINS[name])
-    info = {name: {"task": DOMAINS[name], "train": stats, "parameters": _count_params(model),
+    report = _report(tmp, tmp, cfg, progress, task_name=MODEL_TASKS[name])
+    info = {name: {"task": MODEL_TASKS[name], "train": stats, "parameters": _count_params(model),
                    "build_s": build_s, "report": report}}
     write_json_atomic(tmp / "testbed.json", info)
 
@@ -185,7 +190,8 @@ def _domain_into(tmp: Path, name: str, cfg: TestbedConfig, progress: bool) -> No
 def _with_extras(student: Path, cfg: TestbedConfig, progress: bool, echo) -> Path:
     """The student plus what the config enables, each part built once under its own cache
     key: ``teachers/strong``, ``teachers/weak_base``, ``teachers/weak_rl``, ``diffusion/``
-    (the masked-diffusion model), and the domain models ``code/`` and ``chess/``."""
+    (the masked-diffusion model), the domain models ``code/`` and ``chess/``, and the
+    multi-role ``reasoning/``."""
     parts: dict[str, Path] = {}
     threads = torch.get_num_threads()
     if cfg.train.threads:
@@ -205,7 +211,7 @@ def _with_extras(student: Path, cfg: TestbedConfig, progress: bool, echo) -> Pat
                                          "masked-diffusion model 'diffusion'",
                                          lambda tmp: _diffusion_into(tmp, student, cfg, progress),
                                          echo)
-        for name, task in DOMAINS.items():
+        for name, task in MODEL_TASKS.items():
             if getattr(cfg, name).enabled:
                 parts[name] = _cached(
                     cache_root() / cfg.domain_key(name), f"domain model '{name}' ({task})",
@@ -233,7 +239,7 @@ def _with_extras(student: Path, cfg: TestbedConfig, progress: bool, echo) -> Pat
             shutil.copytree(student / "data", tmp / "diffusion" / "data")
             info["diffusion"] = json.loads((parts["diffusion"] / "testbed.json").read_text())["diffusion"]
             info["diffusion"]["path"] = "diffusion"
-        for name in DOMAINS:
+        for name in MODEL_TASKS:
             if name in parts:
                 shutil.copytree(parts[name], tmp / name,
                                 ignore=shutil.ignore_patterns("testbed.json"))
@@ -349,10 +355,10 @@ def describe(path: Path, info: dict) -> str:
             lines.append(f"  teacher {name:9s} {t['path']}  width {t['hidden_size']} x "
                          f"{t['num_layers']} layers  pass@1 {tr['pass@1']:.3f} "
                          f"(n={tr['samples']})")
-    for name in DOMAINS:
+    for name in MODEL_TASKS:
         if name in info:
             d, dr = info[name], info[name]["report"]
             top = f"pass@{dr['samples']}"
-            lines.append(f"  domain {name:6s} {d['path']}  task {d['task']}  pass@1 "
+            lines.append(f"  domain {name:9s} {d['path']}  task {d['task']}  pass@1 "
                          f"{dr['pass@1']:.3f}  {top} {dr[top]:.3f}")
     return "\n".join(lines)

@@ -18,6 +18,13 @@ from es_llm.testbed import SIZES
 
 # Domain model sections of the config and the task each one learns.
 DOMAINS = {"code": "pyfunc", "chess": "chess"}
+# Every model section built like a domain and the task it is evaluated on: the domains and
+# the multi-role reasoning model (Countdown in several roles, es_llm/tasks/countdown_roles.py).
+MODEL_TASKS = {**DOMAINS, "reasoning": "countdown"}
+# The module whose ``generate(rng, tier)`` makes a section's training examples (and whose
+# ``held_out``, where it has one, its held-out problems).
+EXAMPLE_MODULES = {"code": "es_llm.tasks.pyfunc", "chess": "es_llm.tasks.chess",
+                   "reasoning": "es_llm.tasks.countdown_roles"}
 
 
 def _at_least(owner: str, obj, minimum, *names: str) -> None:
@@ -275,6 +282,10 @@ class TestbedConfig:
     # Domain models: pyfunc (code/) and chess (chess/).
     code: DomainLM = field(default_factory=DomainLM)
     chess: DomainLM = field(default_factory=DomainLM)
+    # The multi-role reasoning model (reasoning/): Countdown in the solve, direct, facts,
+    # review and revise roles, for the test-time methods of `es-llm testtime`.
+    reasoning: DomainLM = field(default_factory=lambda: DomainLM(
+        train=TrainSchedule(steps=1200), tiers=(2, 3, 4)))
 
     def fingerprint(self) -> str:
         """A hash of everything that changes the built model: the config (less the report
@@ -283,7 +294,7 @@ class TestbedConfig:
         d = to_dict(self)
         d.pop("report")
         d.pop("teachers")
-        for part in ("diffusion", *DOMAINS):
+        for part in ("diffusion", *MODEL_TASKS):
             d.pop(part)
         h = hashlib.sha256(json.dumps(d, sort_keys=True).encode())
         for source in _builder_sources():
@@ -315,11 +326,14 @@ class TestbedConfig:
 
 
     def domain_key(self, name: str) -> str:
-        """Cache key of a domain model: its config, its task's module and the domain builder
-        on top of the student's fingerprint (whose sources include the training loop)."""
+        """Cache key of a domain model: its config, its task's and example maker's modules
+        and the domain builder on top of the student's fingerprint (whose sources include
+        the training loop)."""
         h = hashlib.sha256(json.dumps(to_dict(getattr(self, name)), sort_keys=True).encode())
         pkg = Path(__file__).resolve().parents[1]
-        for source in (pkg / "testbed" / "domains.py", pkg / "tasks" / f"{DOMAINS[name]}.py"):
+        examples = pkg / "tasks" / f"{EXAMPLE_MODULES[name].rsplit('.', 1)[1]}.py"
+        for source in dict.fromkeys((pkg / "testbed" / "domains.py",
+                                     pkg / "tasks" / f"{MODEL_TASKS[name]}.py", examples)):
             h.update(source.read_bytes())
         return f"{self.size}-{self.fingerprint()}-{name}-{h.hexdigest()[:12]}"
 

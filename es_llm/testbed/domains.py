@@ -1,7 +1,7 @@
 """Domain models: the student's architecture pretrained on another task domain.
 
-A domain section of the testbed config (``code``: the pyfunc task, ``chess``: the chess task)
-builds a causal LM of the student's family and tokenizer on that task's generated problems
+A domain section of the testbed config (``code``: the pyfunc task, ``chess``: the chess task,
+``reasoning``: Countdown in several roles, ``es_llm.tasks.countdown_roles``) builds a causal LM of the student's family and tokenizer on that task's generated problems
 and worked solutions, with held-out ``eval`` and ``rl`` sets that training never sees. It is
 what ES and the gradient methods post-train on the second and third domains, so it uses the
 student's pretraining loop (``train.train``) with the domain's example stream.
@@ -25,34 +25,42 @@ from typing import Callable
 from tqdm.auto import tqdm
 
 from es_llm.io import write_jsonl_atomic
-from es_llm.testbed.config import DOMAINS, DomainLM, TestbedConfig
+from es_llm.testbed.config import EXAMPLE_MODULES, MODEL_TASKS, DomainLM, TestbedConfig
 from es_llm.testbed.train import _distinct, _problem_key, _renumber, make_model, record, train
 
 _CHUNK = 500
 
 
-def _task_module(task: str):
-    """The module of a domain's task: it provides ``generate(rng, tier) -> (Problem,
-    completion)`` and its ``TIERS``."""
-    return importlib.import_module(f"es_llm.tasks.{task}")
+def _examples(name: str):
+    """The module that makes a section's examples: it provides ``generate(rng, tier) ->
+    (Problem, completion)``, its ``TIERS`` and optionally ``held_out`` (the same for the
+    held-out problems; ``generate`` when it has none)."""
+    return importlib.import_module(EXAMPLE_MODULES[name])
 
 
-def _generator(task: str) -> Callable:
-    return _task_module(task).generate
+def _generator(name: str) -> Callable:
+    return _examples(name).generate
 
 
-def _tiers(task: str, domain: DomainLM) -> tuple[int, ...]:
-    return domain.tiers or _task_module(task).TIERS
+def _tiers(name: str, domain: DomainLM) -> tuple[int, ...]:
+    return domain.tiers or _examples(name).TIERS
+
+
+def roles_of(name: str) -> tuple[str, ...]:
+    """The roles a section's model learns (``ROLES`` of its example module; none for a
+    one-role domain)."""
+    return tuple(getattr(_examples(name), "ROLES", ()))
 
 
 def held_out(name: str, cfg: TestbedConfig) -> tuple[dict[str, list], set]:
     """The domain's eval and rl sets (disjoint), and the keys training must avoid."""
-    task, domain = DOMAINS[name], getattr(cfg, name)
-    generate = _generator(task)
+    task, domain = MODEL_TASKS[name], getattr(cfg, name)
+    module = _examples(name)
+    generate = getattr(module, "held_out", module.generate)
     rng, seen, sets = random.Random(f"{cfg.seed}:{name}:held-out"), set(), {}
     for split, per_tier in (("eval", domain.eval_per_tier), ("rl", domain.rl_per_tier)):
         problems = []
-        for tier in _tiers(task, domain):
+        for tier in _tiers(name, domain):
             problems += _distinct(lambda: generate(rng, tier), per_tier, seen,
                                   f"{task} tier-{tier}")
         sets[f"{task}_{split}"] = _renumber(problems, f"{task}-{split}")
@@ -63,22 +71,22 @@ def example_stream(name: str, cfg: TestbedConfig, excluded: set,
                    progress: bool) -> Callable[[random.Random], tuple[str, str]]:
     """``draw(rng)``: one (prompt, completion) training example of the domain, never a
     held-out problem; from a pre-drawn pool when ``pool_per_tier`` is set."""
-    task, domain = DOMAINS[name], getattr(cfg, name)
-    generate, tiers = _generator(task), _tiers(task, domain)
+    domain = getattr(cfg, name)
+    generate, tiers = _generator(name), _tiers(name, domain)
     weights = domain.weights or (1.0,) * len(tiers)
 
     if not domain.pool_per_tier:
         return lambda rng: _kept_example(
             generate, rng, lambda: rng.choices(tiers, weights=weights)[0], excluded)
-    pools = _draw_pools(name, task, tiers, domain.pool_per_tier, cfg.seed, excluded, progress)
+    pools = _draw_pools(name, tiers, domain.pool_per_tier, cfg.seed, excluded, progress)
     return lambda rng: rng.choice(rng.choices(pools, weights=weights)[0])
 
 
-def _pool_chunk(task: str, tier: int, seed: str, count: int,
+def _pool_chunk(name: str, tier: int, seed: str, count: int,
                 excluded: frozenset) -> list[tuple[str, str]]:
     """``count`` training examples of one tier from their own seeded stream (one chunk of a
     pool, so the pool is the same however many processes draw it)."""
-    generate, rng = _generator(task), random.Random(seed)
+    generate, rng = _generator(name), random.Random(seed)
     return [_kept_example(generate, rng, lambda: tier, excluded) for _ in range(count)]
 
 
@@ -92,7 +100,7 @@ def _kept_example(generate: Callable, rng: random.Random, draw_tier: Callable[[]
             return problem.prompt, completion
 
 
-def _draw_pools(name: str, task: str, tiers: tuple[int, ...], per_tier: int, seed: int,
+def _draw_pools(name: str, tiers: tuple[int, ...], per_tier: int, seed: int,
                 excluded: set, progress: bool) -> list[list[tuple[str, str]]]:
     """One pool of ``per_tier`` examples per tier, drawn in chunks of 500 by one process per
     core (slow generators such as chess's search are the reason pools exist)."""
@@ -104,7 +112,7 @@ def _draw_pools(name: str, task: str, tiers: tuple[int, ...], per_tier: int, see
     context = multiprocessing.get_context("fork")
     with ProcessPoolExecutor(max_workers=min(len(jobs), os.cpu_count() or 1),
                              mp_context=context) as pool:
-        futures = {job: pool.submit(_pool_chunk, task, job[0], f"{seed}:{name}:pool:{job[0]}:"
+        futures = {job: pool.submit(_pool_chunk, name, job[0], f"{seed}:{name}:pool:{job[0]}:"
                                     f"{job[1]}", min(_CHUNK, per_tier - job[1]), frozen)
                    for job in jobs}
         for future in as_completed(futures.values()):

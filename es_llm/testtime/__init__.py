@@ -1,0 +1,1 @@
+"""Test-time methods: spending inference compute on a fixed model (``es-llm testtime``)."""
