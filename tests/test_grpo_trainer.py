@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 from es_llm.cli import main
 from es_llm.config import load_config
 from es_llm.evaluate import resolve_training_data
+from es_llm.io import read_jsonl
 from gradient.config import GRPORunConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -176,23 +177,20 @@ def test_kl_to_the_reference_is_zero_at_the_start_and_falls_when_it_is_trained(c
 
     # A reference some distance away (same tokenizer): with the KL term as the only signal
     # (the ci model earns no countdown reward, so advantages are 0), training pulls the
-    # policy toward it and the logged KL falls.
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    ref = tmp_path / "ref"
-    model = AutoModelForCausalLM.from_pretrained(ci_testbed)
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=g))
-    model.save_pretrained(ref)
-    AutoTokenizer.from_pretrained(ci_testbed).save_pretrained(ref)
+    # policy toward it. The logged per-batch k3 estimate is too noisy to show that in six
+    # steps (one seed's jumped from 1.3 to 7.6 while the policy moved closer), so the
+    # exact KL on fixed sequences is compared (0.77-0.82 of its start over seeds 0-2).
+    ref = _perturbed_copy(ci_testbed, tmp_path / "ref", 0.05)
     out = tmp_path / "pulled"
     assert main(["grpo", "--config", str(CI_CONFIG), "--out", str(out), "--no-progress",
                  f"model={ci_testbed}", "steps=6", "algo.kl.coef=1.0", "algo.kl.estimator=k3+",
                  f"algo.kl.ref_model={ref}", "optim.lr=3e-4"]) == 0
     kl = [json.loads(x)["grad/kl"] for x in (out / "metrics.jsonl").read_text().splitlines()]
-    print(kl)
-    assert kl[0] > 1e-3 and sum(kl[-3:]) / 3 < 0.7 * kl[0], kl
+    assert len(kl) == 6 and kl[0] > 1e-3, kl
+    sequences = _greedy_sequences(ci_testbed, _eval_prompts(ci_testbed))
+    before = _exact_kl(ci_testbed, ref, sequences)
+    after = _exact_kl(out / "checkpoints" / "final", ref, sequences)
+    assert after < 0.9 * before, (before, after)
 
 
 @pytest.mark.gpu
@@ -202,6 +200,42 @@ def test_grpo_on_cuda_raises_a_dense_reward(ci_testbed, tmp_path):
     print(r)
     assert r["after"] > r["before"] + 0.05, r
     assert r["params_changed"] == r["params"]
+
+
+def _eval_prompts(model_dir: Path, count: int = 16) -> list[str]:
+    """Every sixth held-out eval prompt of a testbed model (all three tiers), ``count`` of them."""
+    rows = read_jsonl(Path(model_dir) / "data" / "countdown_eval.jsonl")
+    return [r["prompt"] for r in rows[::6][:count]]
+
+
+def _greedy_sequences(model_dir, prompts, new_tokens=32) -> list[tuple[torch.Tensor, int]]:
+    """``(ids_1_T, prompt_len)`` per prompt: the prompt and the model's greedy continuation."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    sequences = []
+    with torch.no_grad():
+        for prompt in prompts:
+            ids_1_P = tokenizer(prompt, return_tensors="pt").input_ids
+            ids_1_T = model.generate(ids_1_P, max_new_tokens=new_tokens, do_sample=False)
+            sequences.append((ids_1_T, ids_1_P.shape[1]))
+    return sequences
+
+
+def _exact_kl(first, second, sequences) -> float:
+    """KL(first || second) summed over the whole vocabulary, averaged over the continuation
+    positions of fixed sequences: the divergence itself, free of the sampling noise of the
+    per-batch estimates a run logs."""
+    from transformers import AutoModelForCausalLM
+    models = [AutoModelForCausalLM.from_pretrained(m).eval() for m in (first, second)]
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for ids_1_T, start in sequences:
+            logp_a, logp_b = (torch.log_softmax(m(ids_1_T).logits[0, start - 1:-1].float(), -1)
+                              for m in models)
+            total += (logp_a.exp() * (logp_a - logp_b)).sum().item()
+            count += logp_a.shape[0]
+    return total / count
 
 
 def _perturbed_copy(ci_testbed, folder, scale):
@@ -228,8 +262,8 @@ def test_opd_lowers_the_students_reverse_kl_to_the_teacher(name, ci_testbed, tmp
     teacher is 0.4 nats per token away, which 12 steps of sampled-token OPD barely dent)."""
     out = tmp_path / "run"
     teachers = ci_testbed / "teachers"
-    teacher = _perturbed_copy(ci_testbed, tmp_path / "teacher", 0.05)
-    overrides = [f"model={ci_testbed}", f"algo.distill.teacher={teacher}",
+    student, teacher = ci_testbed, _perturbed_copy(ci_testbed, tmp_path / "teacher", 0.05)
+    overrides = [f"model={student}", f"algo.distill.teacher={teacher}",
                  f"algo.distill.w2s.positive={teachers / 'weak_rl'}",
                  f"algo.distill.w2s.negative={teachers / 'weak_base'}", "backend=hf",
                  "steps=12", "rollout.prompts_per_step=8", "rollout.group_size=4",
@@ -239,17 +273,26 @@ def test_opd_lowers_the_students_reverse_kl_to_the_teacher(name, ci_testbed, tmp
         # so the teacher must solve what the student cannot: the ci testbed's stronger model
         # teaches a damaged copy of itself (weights + noise), with the weight held at 2 and
         # every token selected so that 12 steps show the direction.
-        student = _perturbed_copy(teachers / "strong", tmp_path / "student", 0.03)
-        overrides += [f"model={student}", f"algo.distill.teacher={teachers / 'strong'}",
+        student, teacher = (_perturbed_copy(teachers / "strong", tmp_path / "student", 0.03),
+                            teachers / "strong")
+        overrides += [f"model={student}", f"algo.distill.teacher={teacher}",
                       "algo.distill.rstg.teacher_samples=4", "algo.distill.rstg.beta_init=2",
                       "algo.distill.rstg.beta_floor=2", "algo.distill.rstg.token_frac=1"]
     assert main(["opd", "--config", str(ROOT / "configs" / name), "--out", str(out),
                  "--no-progress", *overrides]) == 0
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     kl = [r["distill/reverse_kl"] for r in rows]
-    print(name, [round(k, 3) for k in kl])
-    assert kl[0] > 0.05 and sum(kl[-3:]) / 3 < 0.7 * kl[0], kl
+    # The logged reverse KL is estimated on each step's own 32 rollouts (one step's value
+    # swings by a fifth), so three-step means are compared: 0.43-0.69 over seeds 0-2 here.
+    assert kl[0] > 0.05 and sum(kl[-3:]) < 0.8 * sum(kl[:3]), kl
     method = load_config(GRPORunConfig, path=out / "config.yaml").algo.distill
+    if method.method not in ("w2s", "avsd"):
+        # Where the target is the teacher itself, the exact KL on fixed sequences must fall
+        # too (0.68-0.79 of its start over seeds 0-2 here).
+        sequences = _greedy_sequences(student, _eval_prompts(ci_testbed))
+        before = _exact_kl(student, teacher, sequences)
+        after = _exact_kl(out / "checkpoints" / "final", teacher, sequences)
+        assert after < 0.85 * before, (name, before, after)
     expected = {"ra_opd": "distill/kept_frac", "rstg": "distill/failed_frac",
                 "dear": "distill/decision_frac", "avsd": "distill/gate_mean",
                 "gjsd": "distill/divergence", "w2s": "distill/divergence"}
