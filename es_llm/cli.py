@@ -137,7 +137,9 @@ def build_parser(plugins: dict | None = None) -> argparse.ArgumentParser:
             (chess.enabled=true; needs the Syzygy tables that scripts/setup.sh installs),
             and reasoning/ plays Countdown in the solve, direct, facts, review and revise
             roles that `es-llm testtime` needs (reasoning.enabled=true; roles.json lists
-            them). Builds are cached by a hash of the config and builder code under $ES_LLM_CACHE
+            them); swa/ is the student converted to sliding-window attention (SWARR:
+            swa.window keys per query on swa.layers, then SFT on the pretraining mix;
+            swa/no_sft/ holds the converted weights before it; swa.enabled=true). Builds are cached by a hash of the config and builder code under $ES_LLM_CACHE
             (default ~/.cache/es-llm), each part on its own key,
             and copied to --out."""),
         formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -80,6 +80,28 @@ def read_jsonl(path: str | Path) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
+def jsonl_lines(path: str | Path, what: str) -> list[tuple[int, str, object]]:
+    """``(line number, line, parsed value or None)`` for every non-blank line of a JSONL file
+    that users give (its values are checked by the caller); BadInput naming ``what`` when
+    the file cannot be read as UTF-8 text."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        from es_llm.errors import BadInput
+        raise BadInput(f"cannot read {what} {str(path)!r} as UTF-8 text (JSONL): "
+                       f"{exc.__class__.__name__}.") from None
+    out = []
+    for n, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError:
+            value = None
+        out.append((n, line, value))
+    return out
+
+
 def replace_dir_atomic(src: str | Path, dst: str | Path) -> None:
     """Move the finished directory ``src`` to ``dst``, replacing an older ``dst`` last."""
     src, dst = Path(src), Path(dst)

@@ -59,6 +59,9 @@ class Rollout:
     row_weight: float | None = None
     # RSTG's SFT row on the teacher's trajectory.
     sft: bool = False
+    # A row the policy did not sample (LatentRevise's recovered trajectory): no engine
+    # log-probs, so no trainer/engine correction; its behaviour log-probs are the policy's own.
+    off_policy: bool = False
 
     def old(self, view: int) -> list[float] | None:
         return self.old_views[view] if self.old_views else self.old_logp

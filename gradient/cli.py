@@ -109,3 +109,94 @@ GRPO_COMMAND = GRPOCommand(
 OPD_COMMAND = GRPOCommand(
     "opd", "on-policy distillation from a teacher on the student's own rollouts",
     OPD_DESCRIPTION, needs_teacher=True)
+
+
+LATENT_REVISE_DESCRIPTION = """\
+LatentRevise on a model's zero-hit prompts: sample search.samples rollouts per training
+prompt (default: the model's data/<task>_rl.jsonl); for every prompt none of them solves,
+cut a failed rollout into a reasoning prefix and its failed continuation
+(revise.cut=first_wrong: through the first step the verifier rejects; fraction: the first
+revise.cut_fraction of its steps), optimise the prefix's input embeddings on the
+vocabulary simplex with revise.steps Frank-Wolfe steps toward the reference solution's
+continuation and away from the failed one (lambda = revise.away_weight, model frozen),
+decode it to tokens, sample revise.continuations continuations and keep one the task's
+verifier accepts. Plain resampling at the same token passes runs beside it. Writes
+DIR/recovered.jsonl (the training data: one verified trajectory per recovered prompt),
+resampled.jsonl, base_rollouts.jsonl (as many correct base samples of other prompts, for
+an SFT control), attempts.jsonl, metrics.json and report.md (recovery rates with 95%
+intervals, their paired difference, token passes and seconds of both arms)."""
+
+SFT_DESCRIPTION = """\
+Supervised fine-tuning on a JSONL file of prompt / completion rows (data=FILE), e.g. the
+recovered trajectories of `es-llm latent-revise` or its base_rollouts.jsonl control: the
+completion's tokens and EOS are scored, the prompt is not; AdamW (optim.*), `epochs` passes
+in seeded shuffles of `batch_size` rows. Writes DIR/config.yaml, metrics.jsonl and
+checkpoints/final (an HF folder with the model's held-out data/)."""
+
+
+class LatentReviseCommand:
+    name = "latent-revise"
+
+    def add_parser(self, sub, add_common) -> None:
+        p = sub.add_parser(self.name, help="LatentRevise: recover zero-hit prompts by revising "
+                                           "failed rollouts' prefixes in embedding space",
+                           description=LATENT_REVISE_DESCRIPTION,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        p.add_argument("--model", help="causal LM folder (e.g. from `es-llm testbed`)")
+        p.add_argument("--task", help="task name (countdown; others need revise.cut=fraction)")
+        p.add_argument("--data", help="training problems with reference solutions (default: "
+                                      "the model's data/<task>_rl.jsonl)")
+        p.add_argument("--limit", type=int, help="use only the first LIMIT problems")
+        add_common(p, out_required=True, config="gradient.recovery:LatentReviseConfig")
+
+    def run(self, args) -> None:
+        from es_llm.cli import print_config, required_out
+        from es_llm.config import load_config
+        from gradient.recovery import LatentReviseConfig, latent_revise
+
+        flags: dict = {"model": args.model} if args.model is not None else {}
+        task = {k: v for k, v in (("name", args.task), ("data", args.data),
+                                  ("limit", args.limit)) if v is not None}
+        if task:
+            flags["task"] = task
+        cfg = load_config(LatentReviseConfig, path=args.config, flags=flags,
+                          overrides=args.overrides)
+        if args.print_config:
+            return print_config(cfg)
+        latent_revise(cfg, required_out(args), progress=not args.no_progress,
+                      on_folder=args.log.attach)
+
+
+class SFTCommand:
+    name = "sft"
+
+    def add_parser(self, sub, add_common) -> None:
+        p = sub.add_parser(self.name, help="supervised fine-tuning on prompt/completion rows",
+                           description=SFT_DESCRIPTION,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        p.add_argument("--model", help="starting model folder")
+        p.add_argument("--data", help="JSONL file of prompt / completion rows")
+        add_common(p, out_required=True, config="gradient.sft:SFTRunConfig")
+
+    def run(self, args) -> None:
+        from pathlib import Path
+
+        from es_llm.cli import print_config, required_out
+        from es_llm.config import load_config
+        from es_llm.run_folder import check_out_path, holds_run
+        from gradient.sft import SFTRunConfig, run_sft
+
+        flags = {k: v for k, v in (("model", args.model), ("data", args.data)) if v is not None}
+        cfg = load_config(SFTRunConfig, path=args.config, flags=flags, overrides=args.overrides)
+        if args.print_config:
+            return print_config(cfg)
+        out = check_out_path(required_out(args))
+        if out.is_dir() and holds_run(out):
+            raise BadInput(f"--out {str(out)!r} already holds a run; give a new folder (or "
+                           f"remove this one) to start over.")
+        run_sft(cfg, Path(out), progress=not args.no_progress)
+        args.log.attach(out)
+
+
+LATENT_REVISE_COMMAND = LatentReviseCommand()
+SFT_COMMAND = SFTCommand()

@@ -149,6 +149,14 @@ class ReplaySettings(ReplayConfig):
 
 
 @dataclass(frozen=True)
+class RecoveredSettings:
+    # LatentRevise's recovered trajectories (recovered.jsonl of `es-llm latent-revise`; empty
+    # = off): a training group whose G rollouts all fail gets its problem's verified
+    # trajectory as one extra, off-policy row (gradient/stages.py, recovered_rows).
+    data: str = ""
+
+
+@dataclass(frozen=True)
 class DiffusionRLSettings:
     # How a rollout's log-probability is estimated (gradient/dllm/estimators.py):
     # autoregressive (causal LMs: exact), or for masked-diffusion LMs mean_field (d1 /
@@ -206,6 +214,7 @@ class AlgoSettings:
     replay: ReplaySettings = field(default_factory=ReplaySettings)
     distill: DistillSettings = field(default_factory=DistillSettings)
     dllm: DiffusionRLSettings = field(default_factory=DiffusionRLSettings)
+    recovered: RecoveredSettings = field(default_factory=RecoveredSettings)
 
     def __post_init__(self):
         check_choices(self, "algo.")
@@ -222,12 +231,30 @@ class AlgoSettings:
             raise BadInput("algo.std_eps and algo.entropy_coef must be >= 0.")
         _positive("algo", self, "epochs", "mini_batches")
         self._check_diffusion()
+        self._check_recovered()
         if self.distill.drift.enabled and not (self.epochs > 1 or self.mini_batches > 1
                                                or self.replay.enabled):
             raise BadInput("algo.distill.drift gates reused rollouts, but every rollout is used "
                            "once here (all gates would be 1): set algo.epochs > 1, "
                            "algo.mini_batches > 1 or algo.replay.enabled.")
 
+
+    def _check_recovered(self) -> None:
+        from gradient.dllm.estimators import estimator_spec
+        if not self.recovered.data:
+            return
+        clash = [name for name, on in (
+            ("algo.dynamic_sampling", self.dynamic_sampling.enabled),
+            ("algo.prefix", self.prefix.enabled),
+            ("algo.distill", self.distill.method != "none"),
+            (f"algo.dllm.estimator={self.dllm.estimator}",
+             estimator_spec(self.dllm.estimator).diffusion)) if on]
+        if clash:
+            raise BadInput(f"algo.recovered adds a row to groups whose rollouts all failed, "
+                           f"which {', '.join(clash)} would not keep as sampled (dynamic "
+                           f"sampling drops those groups, prefixes change the prompt, "
+                           f"distillation and diffusion estimators score rows of their own); "
+                           f"turn them off or leave algo.recovered.data empty.")
 
     def _check_diffusion(self) -> None:
         from gradient.dllm.estimators import estimator_spec

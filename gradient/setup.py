@@ -80,6 +80,39 @@ def _distill_models(cfg: GRPORunConfig, tokenizer, problems: list, model_class) 
     return models
 
 
+def load_recovered(path: str, task, problems: list, tokenizer) -> dict:
+    """``problem id -> (prompt ids, completion ids + EOS, reward)`` of LatentRevise's
+    recovered trajectories in ``path`` (``recovered.jsonl``), each verified again by the
+    task: a row of another problem set or one the verifier rejects is bad input."""
+    from es_llm.tasks.loading import load_records
+
+    rows = load_records(path)
+    by_id = {p.id: p for p in problems}
+    kept, pairs = [], []
+    for n, row in enumerate(rows, start=1):
+        pid = row.get("id") if isinstance(row, dict) else None
+        completion = row.get("completion") if isinstance(row, dict) else None
+        if pid not in by_id or not isinstance(completion, str):
+            raise BadInput(f"algo.recovered.data {path!r} row {n} is not a recovered trajectory "
+                           f"of a training problem (it needs the 'id' of one of the run's "
+                           f"{len(problems)} problems and a 'completion' string; "
+                           f"`es-llm latent-revise` writes such a file).")
+        kept.append(row)
+        pairs.append((by_id[pid], completion))
+    scores = task.score_many(pairs) if pairs else []
+    wrong = [row["id"] for row, sc in zip(kept, scores) if not sc.correct]
+    if wrong:
+        raise BadInput(f"algo.recovered.data {path!r}: {len(wrong)} trajectories fail the "
+                       f"task's verifier (e.g. {wrong[0]!r}); only verified trajectories may "
+                       f"be trained on.")
+    out = {}
+    for row, sc in zip(kept, scores):
+        ids = tokenizer(row["completion"], add_special_tokens=False).input_ids
+        out.setdefault(row["id"], (list(tokenizer(by_id[row["id"]].prompt).input_ids),
+                                   list(ids) + [tokenizer.eos_token_id], float(sc.reward)))
+    return out
+
+
 def records_states(cfg: GRPORunConfig) -> bool:
     """Whether the diffusion sampler must keep every intermediate state of a rollout (a
     divergence to a later state of the trajectory: dOPSD)."""
@@ -182,7 +215,10 @@ def build(cfg: GRPORunConfig, resume_from: Path | None = None):
         from es_llm.backends.hf import HFBackend
         backend = HFBackend(start, model=model, tokenizer=tokenizer, device=cfg.device,
                             logprobs_mode="processed")
+    recovered = (load_recovered(cfg.algo.recovered.data, task, problems, tokenizer)
+                 if cfg.algo.recovered.data else {})
     edges = Edges(model=model, tokenizer=tokenizer, backend=backend, task=task,
                   optimizer=optimizer, ref_model=ref, sync=sync, teachers=teachers,
-                  block_length=backend.sampling.block_length if diffusion else 1)
+                  block_length=backend.sampling.block_length if diffusion else 1,
+                  recovered=recovered)
     return edges, problems, state

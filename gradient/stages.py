@@ -2,8 +2,8 @@
 loss is made of.
 
 A **birth stage** takes the step's ``RolloutBatch`` and returns a new one plus metrics: the
-reward advantages, GAPO's clip bounds, quadrature levels, a distillation transform, the
-frozen behaviour and reference log-probs, replay. A **loss term** turns one micro-batch's
+reward advantages, GAPO's clip bounds, quadrature levels, a distillation transform,
+LatentRevise's recovered rows, the frozen behaviour and reference log-probs, replay. A **loss term** turns one micro-batch's
 policy estimate into per-token losses with a coefficient: the policy loss, the distillation
 divergence, the entropy bonus, the KL to the reference. Each term is aggregated on its own
 and the terms are summed in plan order (the sum of aggregates, not the aggregate of the sum,
@@ -18,7 +18,7 @@ method's name. Adding a method is adding a stage or a term with its ``when`` and
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import torch
@@ -227,6 +227,47 @@ def distill(inp: StageInput, batch: RolloutBatch):
     from gradient.distill.birth import distill_rows
 
     return distill_rows(inp.edges, batch, inp.cfg, inp.state.step, inp.state.teacher_solve)
+
+
+@birth_stage("recovered_rows", when=lambda cfg, edges: bool(cfg.algo.recovered.data))
+def recovered_rows(inp: StageInput, batch: RolloutBatch):
+    """LatentRevise's use in RLVR: a group whose G rollouts all failed (no reward signal) gets
+    its problem's recovered trajectory as row G+1, and the group's advantages are those of
+    the configured estimator over all G+1 rewards (so the recovered row is pushed up, the
+    failures down).
+
+    The row is off-policy and has no behaviour probability: its prefix was decoded from a
+    continuous optimisation and its continuation sampled from the base model after it. So
+    no importance weight is applied (is_weight 1, as for RSTG's teacher rows) and the
+    behaviour log-probs are the current policy's (the ratio is 1 at birth; with several
+    epochs or mini-batches it is clipped like every other row's): its gradient is the
+    advantage times the gradient of its log-likelihood, a weighted SFT step, in the spirit of
+    LUFFY's off-policy rows without their policy shaping. Groups with a success, and
+    problems without a recovered trajectory, are left as they are."""
+    a, cfg = inp.cfg.algo, inp.cfg
+    groups: dict[int, list] = {}
+    for r in batch:
+        groups.setdefault(r.group, []).append(r)
+    out, added, zero = [], 0, 0
+    for g, rows in groups.items():
+        extra = inp.edges.recovered.get(rows[0].problem.id) if not any(
+            r.correct for r in rows) else None
+        zero += not any(r.correct for r in rows)
+        if extra is None:
+            out += rows
+            continue
+        prompt_ids, completion_ids, reward = extra
+        rewards_1_G = torch.tensor([[r.reward for r in rows] + [reward]], dtype=torch.float64)
+        adv = compute_advantages(a.advantage, AdvantageInput(
+            rewards_1_G, std_eps=a.std_eps, unbiased_std=a.unbiased_std))[0].tolist()
+        row = replace(rows[0], prompt_ids=list(prompt_ids), completion_ids=list(completion_ids),
+                      engine_logp=None, reward=reward, correct=True, trace=None,
+                      mask_seed=derive_seed(cfg.seed, "recovered", inp.state.step, g),
+                      off_policy=True)
+        out += [replace(r, adv=v) for r, v in zip(rows + [row], adv)]
+        added += 1
+    return RolloutBatch.of(out), {"recovered/rows": float(added),
+                                  "recovered/zero_hit_groups": float(zero)}
 
 
 def needs_old_logp(cfg: GRPORunConfig) -> bool:

@@ -66,6 +66,9 @@ class Edges:
     teachers: dict = field(default_factory=dict)
     # A diffusion policy's sampler block length (its estimators score block by block).
     block_length: int = 1
+    # LatentRevise's recovered trajectories by problem id: (prompt ids, completion ids with
+    # EOS, reward), verified at set-up; empty without algo.recovered.data.
+    recovered: dict = field(default_factory=dict)
 
 
 @dataclass

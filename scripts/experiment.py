@@ -6,6 +6,13 @@ seconds.
 
     python scripts/experiment.py --config configs/experiment_countdown.yaml --out runs/main
 
+The same command runs the studies built on other starting points or data: a method may start
+from a folder inside the testbed (``model: swa``, SWARR's converted model), SFT runs
+(``kind: sft``) sit beside the RL runs, ``latent_revise`` writes LatentRevise's recovered
+trajectories to OUT/recover before any training (overrides name the experiment folder as
+``{out}``), and ``references`` adds untrained models to the comparison
+(configs/experiment_swarr.yaml, configs/experiment_latent_revise.yaml).
+
 Each stage is a plain `es-llm` command (printed, and appended to OUT/commands.txt), so any
 step can be rerun by hand. Stages whose output is complete are skipped; an interrupted
 training run is continued with --resume, so rerunning the same command finishes the job."""
@@ -33,16 +40,23 @@ from gradient.config import GRPORunConfig
 ROOT = Path(__file__).resolve().parents[1]
 
 
-KINDS = ("es", "grpo")
+KINDS = ("es", "grpo", "sft")
+# The experiment folder inside a method's overrides (e.g. data={out}/recover/recovered.jsonl).
+OUT_MARK = "{out}"
 
 
 @dataclass(frozen=True)
 class Method:
-    # Which trainer: es (`es-llm es`, under mpirun with `ranks`) or grpo (`es-llm grpo`).
+    # Which trainer: es (`es-llm es`, under mpirun with `ranks`), grpo (`es-llm grpo`) or sft
+    # (`es-llm sft`: not budget-matched, its length is its config's epochs).
     kind: str = choice("es", lambda: KINDS)
-    # Training config (a YAML under configs/) and overrides applied to every seed's run.
+    # Training config (a YAML under configs/) and overrides applied to every seed's run
+    # ({out} stands for the experiment folder).
     config: str = ""
     overrides: tuple[str, ...] = ()
+    # The starting model: a folder inside the testbed ("" = the base model itself, e.g. swa
+    # for the sliding-window conversion that testbed_overrides swa.enabled=true builds).
+    model: str = ""
     # Accuracy against budget beyond the head-to-head: a copy of each finished run of these
     # seeds is continued to `extend` times budget_samples (runs/<name>-seed<k>-x<extend>,
     # a checkpoint at every multiple of the budget); 1 = no extension.
@@ -56,6 +70,17 @@ class Method:
                            "configs/es_countdown.yaml).")
         if self.extend < 1:
             raise BadInput(f"extend must be at least 1 (times budget_samples), got {self.extend}.")
+        if self.kind == "sft" and self.extend > 1:
+            raise BadInput("an sft method has no budget to extend; leave extend at 1.")
+
+
+@dataclass(frozen=True)
+class RecoverStage:
+    # Run `es-llm latent-revise` on the base model before training (into OUT/recover), with
+    # this config and overrides; methods read its files through {out}/recover/... .
+    enabled: bool = False
+    config: str = "configs/latent_revise_countdown.yaml"
+    overrides: tuple[str, ...] = ()
 
 
 def _default_methods() -> dict[str, Method]:
@@ -79,6 +104,11 @@ class ExperimentConfig:
     # The methods by name (the report's labels, runs/<name>-seed<k>): a YAML `methods:`
     # mapping replaces this default as a whole.
     methods: dict[str, Method] = field(default_factory=_default_methods)
+    # Untrained models compared beside the base: a label and a folder inside the testbed
+    # (e.g. swa_no_sft: swa/no_sft).
+    references: dict[str, str] = field(default_factory=dict)
+    # LatentRevise's recovery of zero-hit training prompts, before the methods train.
+    latent_revise: RecoverStage = field(default_factory=RecoverStage)
     # How the comparison samples every model (identical for all), on how many of the
     # held-out problems (None = all) and with which backend.
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
@@ -107,6 +137,13 @@ class ExperimentConfig:
         if self.budget.runs:
             raise BadInput("budget.runs is filled in by the experiment (every run of every "
                            "method); leave it empty and set budget_study: true.")
+        clash = set(self.references) & set(self.methods)
+        if clash or "base" in self.references:
+            raise BadInput(f"references may not reuse a method's name or 'base': "
+                           f"{sorted(clash | ({'base'} & set(self.references)))}.")
+        for name in self.references:
+            if not name.replace("_", "").isalnum():
+                raise BadInput(f"reference name {name!r} must be letters, digits and _.")
         for name, m in self.methods.items():
             if name in ("base",) or not name.replace("_", "").isalnum():
                 raise BadInput(f"method name {name!r} must be letters, digits and _ and not "
@@ -124,11 +161,14 @@ def _steps(total: int, per_step: int, what: str) -> int:
     return total // per_step
 
 
-def plan(cfg: ExperimentConfig) -> dict[str, int]:
+def plan(cfg: ExperimentConfig) -> dict[str, int | None]:
     """Per method, the ES iterations or GRPO steps that spend ``budget_samples`` generated
-    samples."""
-    steps = {}
+    samples (None for SFT, whose length is its own config's)."""
+    steps: dict[str, int | None] = {}
     for name, m in cfg.methods.items():
+        if m.kind == "sft":
+            steps[name] = None
+            continue
         if m.kind == "es":
             run = load_config(ESRunConfig, path=ROOT / m.config, overrides=list(m.overrides))
             per_step = run.samples_per_iteration()
@@ -178,27 +218,36 @@ def _es_llm(method: Method, cfg: ExperimentConfig) -> list[str]:
     return cmd
 
 
-def _length(method: Method, steps: int) -> str:
-    return f"iterations={steps}" if method.kind == "es" else f"steps={steps}"
+def _length(method: Method, steps: int | None) -> list[str]:
+    if method.kind == "sft":
+        return []
+    return [f"iterations={steps}" if method.kind == "es" else f"steps={steps}"]
 
 
-def _finished(run: Path, steps: int) -> bool:
-    """``run`` holds a final checkpoint after ``steps`` logged steps."""
+def _finished(run: Path, steps: int | None) -> bool:
+    """``run`` holds a final checkpoint (after ``steps`` logged steps, when given)."""
     return ((run / "checkpoints" / "final" / "config.json").is_file()
-            and len(complete_jsonl_rows(run / "metrics.jsonl")) >= steps)
+            and (steps is None or len(complete_jsonl_rows(run / "metrics.jsonl")) >= steps))
 
 
-def training_command(method: Method, cfg: ExperimentConfig, seed: int, steps: int, model: Path,
-                     run: Path) -> list[str] | None:
-    """The command that trains (or finishes) one seed of one method; None when done."""
+def _overrides(method: Method, out: Path) -> list[str]:
+    return [o.replace(OUT_MARK, str(out)) for o in method.overrides]
+
+
+def training_command(method: Method, cfg: ExperimentConfig, seed: int, steps: int | None,
+                     model: Path, run: Path, out: Path | None = None) -> list[str] | None:
+    """The command that trains (or finishes) one seed of one method; None when done. An SFT
+    run is short and has no --resume: an unfinished one starts over."""
     if _finished(run, steps):
         return None
-    if (run / "config.yaml").is_file():
+    if method.kind == "sft":
+        shutil.rmtree(run, ignore_errors=True)
+    elif (run / "config.yaml").is_file():
         return _es_llm(method, cfg) + ["--resume", str(run), "--no-progress",
-                                       _length(method, steps)]
+                                       *_length(method, steps)]
     return _es_llm(method, cfg) + ["--config", str(ROOT / method.config), "--out", str(run),
                                    "--no-progress", f"model={model}", f"seed={seed}",
-                                   _length(method, steps), *method.overrides]
+                                   *_length(method, steps), *_overrides(method, out or run)]
 
 
 def extension_command(method: Method, cfg: ExperimentConfig, steps: int, run: Path,
@@ -216,8 +265,8 @@ def extension_command(method: Method, cfg: ExperimentConfig, steps: int, run: Pa
         shutil.copytree(staging / "checkpoints" / "final", staging / "checkpoints" / f"step_{steps}")
         shutil.rmtree(ext, ignore_errors=True)
         staging.rename(ext)
-    return _es_llm(method, cfg) + ["--resume", str(ext), "--no-progress", _length(method, total),
-                                   f"checkpoint_every={steps}"]
+    return _es_llm(method, cfg) + ["--resume", str(ext), "--no-progress",
+                                   *_length(method, total), f"checkpoint_every={steps}"]
 
 
 def compare_command(cfg: ExperimentConfig, out: Path, models: list[str], budget_runs: list[str],
@@ -253,15 +302,25 @@ def run(cfg: ExperimentConfig, out: Path) -> None:
     if not same_testbed(testbed, cfg):
         runner(es_llm + ["testbed", "--size", cfg.testbed, "--out", str(testbed),
                          "--no-progress", *cfg.testbed_overrides])
-    models, budget_runs = [f"base={testbed}"], []
+    models = [f"base={testbed}"] + [f"{name}={testbed / sub}"
+                                    for name, sub in cfg.references.items()]
+    budget_runs = []
+    recover = cfg.latent_revise
+    if recover.enabled and not (out / "recover" / "metrics.json").is_file():
+        runner(es_llm + ["latent-revise", "--config", str(ROOT / recover.config), "--out",
+                         str(out / "recover"), "--no-progress", f"model={testbed}",
+                         *[o.replace(OUT_MARK, str(out)) for o in recover.overrides]])
     for name, method in cfg.methods.items():
         for seed in cfg.seeds:
             folder = out / "runs" / f"{name}-seed{seed}"
-            cmd = training_command(method, cfg, seed, steps[name], testbed, folder)
+            cmd = training_command(method, cfg, seed, steps[name], testbed / method.model,
+                                   folder, out)
             if cmd:
                 runner(cmd)
             models.append(f"{name}@{seed}={folder / 'checkpoints' / 'final'}")
             along = folder
+            if method.kind == "sft":
+                continue
             if method.extend > 1 and seed in method.extend_seeds:
                 along = out / "runs" / f"{name}-seed{seed}-x{method.extend}"
                 cmd = extension_command(method, cfg, steps[name], folder, along)

@@ -8,6 +8,9 @@ did. Floating-point bytes depend on the CPU type and the testbed's own bytes, so
 is keyed by both; record one for another machine with
 
     python tests/bitwise_runs.py --record
+
+and the cases of newly shipped configs (absent from this machine's record) with
+``--record-missing``, which leaves every recorded case as it is.
 """
 
 from __future__ import annotations
@@ -32,13 +35,17 @@ _ES = ["iterations=3", "backend=hf", "es.population=4", "prompts_per_iteration=2
 # method would not move: those cases score the dense "sevens" reward on the same prompts.
 SEVENS = "SEVENS"
 TEACHERS = "TEACHERS"
+# A file of verified trajectories (the ci rl problems' own reference solutions), as SFT data
+# and as LatentRevise's recovered rows.
+TRAJECTORIES = "TRAJECTORIES"
 
 
 @dataclass(frozen=True)
 class Case:
     config: str
     command: str
-    # ci testbed folder the run starts from: "" (the student), "diffusion", "code", "chess".
+    # ci testbed folder the run starts from: "" (the student), "diffusion", "code", "chess",
+    # "swa" (the sliding-window conversion).
     model: str = ""
     overrides: tuple[str, ...] = ()
 
@@ -70,6 +77,11 @@ CASES = [
       for c in ("es_countdown_lowrank.yaml", "es_countdown_lowrank_ci.yaml")],
     *[Case(f"es_{d}{s}.yaml", "es", d, tuple(_ES)) for d in ("code", "chess")
       for s in ("", "_ci")],
+    Case("grpo_swarr_countdown.yaml", "grpo", "swa", (*_GRPO, SEVENS)),
+    # The ci student rarely solves a problem, so most groups are zero-hit and get a row.
+    Case("grpo_latent_revise_countdown.yaml", "grpo",
+         overrides=(*_GRPO, "task.limit=32", TRAJECTORIES)),
+    Case("sft_countdown.yaml", "sft", overrides=("epochs=2", "batch_size=8", TRAJECTORIES)),
 ]
 
 
@@ -112,9 +124,28 @@ def _arguments(case: Case, testbeds: dict[str, Path]) -> list[str]:
                      f"algo.distill.w2s.negative={student}/teachers/weak_base"]
         elif o == SEVENS:
             args += ["task.name=sevens", f"task.data={student}/data/countdown_rl.jsonl"]
+        elif o == TRAJECTORIES:
+            data = trajectories(student)
+            args.append(f"data={data}" if case.command == "sft"
+                        else f"algo.recovered.data={data}")
         else:
             args.append(o)
     return args
+
+
+def trajectories(student: Path) -> Path:
+    """The first 32 ci rl problems with their reference solutions as completions, written
+    once per student (verified by construction: the references are the generator's)."""
+    import tempfile
+
+    out = Path(tempfile.gettempdir()) / "es-llm-bitwise" / f"{weights_digest(student)[:16]}.jsonl"
+    if not out.is_file():
+        from es_llm.io import write_jsonl_atomic
+
+        rows = [json.loads(x) for x in (student / "data" / "countdown_rl.jsonl").open()][:32]
+        out.parent.mkdir(parents=True, exist_ok=True)
+        write_jsonl_atomic(out, [{**r, "completion": r["reference"]} for r in rows])
+    return out
 
 
 def resolved(case: Case, testbeds: dict[str, Path]):
@@ -122,8 +153,9 @@ def resolved(case: Case, testbeds: dict[str, Path]):
     from es_llm.config import load_config
     from es_llm.es.config import ESRunConfig
     from gradient.config import GRPORunConfig
+    from gradient.sft import SFTRunConfig
 
-    cls = ESRunConfig if case.command == "es" else GRPORunConfig
+    cls = {"es": ESRunConfig, "sft": SFTRunConfig}.get(case.command, GRPORunConfig)
     with _sevens():
         return load_config(cls, path=ROOT / "configs" / case.config,
                            overrides=_arguments(case, testbeds))
@@ -205,21 +237,25 @@ def build_testbeds() -> dict[str, Path]:
 
     domains = build("code.enabled=true", "chess.enabled=true")
     return {"student": build(), "diffusion": build("diffusion.enabled=true"),
-            "code": domains, "chess": domains, "domains": domains}
+            "code": domains, "chess": domains, "domains": domains,
+            "swa": build("swa.enabled=true")}
 
 
-def record() -> None:
+def record(missing_only: bool = False) -> None:
     import tempfile
 
     testbeds = build_testbeds()
-    figures = {}
+    reference = json.loads(REFERENCE.read_text()) if REFERENCE.is_file() else {}
+    key = machine_key(testbeds)
+    figures = dict(reference.get(key, {})) if missing_only else {}
     with tempfile.TemporaryDirectory() as tmp:
         runs = Runs(testbeds, Path(tmp))
         for case in CASES:
+            if case.config in figures:
+                continue
             figures[case.config] = runs.get(case)[1]
             print(case.config, figures[case.config]["weights"], flush=True)
-    reference = json.loads(REFERENCE.read_text()) if REFERENCE.is_file() else {}
-    reference[machine_key(testbeds)] = figures
+    reference[key] = figures
     REFERENCE.parent.mkdir(parents=True, exist_ok=True)
     REFERENCE.write_text(json.dumps(reference, indent=1, sort_keys=True) + "\n")
     print(f"wrote {len(figures)} cases to {REFERENCE}")
@@ -227,6 +263,6 @@ def record() -> None:
 
 if __name__ == "__main__":
     sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-    if sys.argv[1:] != ["--record"]:
-        sys.exit("usage: python tests/bitwise_runs.py --record")
-    record()
+    if sys.argv[1:] not in (["--record"], ["--record-missing"]):
+        sys.exit("usage: python tests/bitwise_runs.py --record | --record-missing")
+    record(missing_only=sys.argv[1:] == ["--record-missing"])

@@ -103,6 +103,10 @@ def test_compare_sets_groups_seeds_and_counts_overlaps_by_hand(tmp_path):
     # es@0 gains p2 and loses p1; es@1 loses p1: progressions 0.5, regressions 1 on average.
     assert es["vs_base"]["num_progressions"] == 0.5 and es["vs_base"]["num_regressions"] == 1.0
     assert comp["models"]["es@0"]["vs_base"]["regressions"] == ["p1"]
+    # The base never solves p2 and p3: es@0 solves p2, es@1 neither, grpo p3.
+    assert comp["models"]["es@0"]["vs_base"]["base_never_solved"] == 2
+    assert es["vs_base"]["progression_share"] == pytest.approx((0.5 + 0.0) / 2)
+    assert comp["methods"]["grpo"]["vs_base"]["progression_share"] == 0.5
     pairs = {(p["a"], p["b"]): p for p in comp["pairs"]}
     assert list(pairs) == [("es", "base"), ("grpo", "base"), ("es", "grpo")]
     # es vs grpo overlap, averaged over (es@0, grpo) and (es@1, grpo): only es {p0,p2} / {p0}.

@@ -41,7 +41,7 @@ def test_grpo_family_configs_load_and_are_exercised(path):
 
 
 def test_every_config_belongs_to_a_command():
-    known = ("eval_", "es_", "experiment_") + GRADIENT_PREFIXES
+    known = ("eval_", "es_", "experiment_", "sft_", "latent_revise_") + GRADIENT_PREFIXES
     assert all(p.name.startswith(known) for p in CONFIGS.glob("*.yaml"))
 
 
@@ -54,7 +54,10 @@ def test_experiment_configs_load_and_split_their_budget(path):
 
     cfg = load_config(experiment.ExperimentConfig, path=path)
     steps = experiment.plan(cfg)
-    assert set(steps) == set(cfg.methods) and min(steps.values()) >= 1 and len(cfg.seeds) == 3
+    # SFT runs are not budget-matched (None); every other method spends the budget.
+    assert set(steps) == set(cfg.methods) and len(cfg.seeds) == 3
+    assert all(steps[m] >= 1 for m in steps if cfg.methods[m].kind != "sft")
+    assert all(steps[m] is None for m in steps if cfg.methods[m].kind == "sft")
 
 
 @pytest.mark.parametrize("path", sorted(CONFIGS.glob("es_*.yaml")), ids=lambda p: p.name)

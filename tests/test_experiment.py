@@ -164,3 +164,50 @@ def test_bad_methods_are_refused_before_anything_runs(tmp_path, setting, message
     proc = script("experiment.py", "--config", CONFIG, "--out", tmp_path / "x", setting)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
     assert not (tmp_path / "x").exists()
+
+
+def _experiment_module():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import experiment
+    return experiment
+
+
+def test_studies_start_from_testbed_folders_and_read_the_experiment_folder(tmp_path):
+    """The SWARR and LatentRevise studies: SFT runs have no budget, a method may start from
+    a folder inside the testbed, and {out} in overrides is the experiment folder."""
+    experiment = _experiment_module()
+    from es_llm.config import load_config
+
+    lr = load_config(experiment.ExperimentConfig,
+                     path=ROOT / "configs" / "experiment_latent_revise.yaml")
+    assert experiment.plan(lr) == {"grpo": 120, "grpo_lr": 120, "sft_lr": None,
+                                   "sft_base": None}
+    out, testbed = tmp_path / "lr", tmp_path / "lr" / "testbed"
+    sft = experiment.training_command(lr.methods["sft_lr"], lr, 1, None, testbed,
+                                      out / "runs" / "sft_lr-seed1", out)
+    assert sft[2:4] == ["es_llm", "sft"] and f"data={out}/recover/recovered.jsonl" in sft
+    assert f"model={testbed}" in sft and "seed=1" in sft
+    assert not any(a.startswith(("steps=", "iterations=")) for a in sft)
+    grpo = experiment.training_command(lr.methods["grpo_lr"], lr, 0, 120, testbed,
+                                       out / "runs" / "grpo_lr-seed0", out)
+    assert f"algo.recovered.data={out}/recover/recovered.jsonl" in grpo and "steps=120" in grpo
+    # An unfinished SFT run starts over (es-llm sft has no --resume).
+    (out / "runs" / "sft_lr-seed1").mkdir(parents=True)
+    (out / "runs" / "sft_lr-seed1" / "config.yaml").write_text("{}")
+    again = experiment.training_command(lr.methods["sft_lr"], lr, 1, None, testbed,
+                                        out / "runs" / "sft_lr-seed1", out)
+    assert "--resume" not in again and not (out / "runs" / "sft_lr-seed1").exists()
+    swarr = load_config(experiment.ExperimentConfig, path=ROOT / "configs" / "experiment_swarr.yaml")
+    assert swarr.methods["grpo_swa"].model == "swa" and swarr.references["swa_no_sft"] == "swa/no_sft"
+    assert experiment.plan(swarr) == {"grpo_full": 120, "grpo_swa": 120, "es_swa": 15}
+
+
+@pytest.mark.parametrize("setting, message", [
+    ("references={base: swa}", "may not reuse"),
+    ("references={grpo: swa}", "may not reuse"),
+    ("methods.sft_lr.extend=2", "no budget to extend")])
+def test_bad_study_settings_are_refused(tmp_path, setting, message):
+    proc = script("experiment.py", "--config", ROOT / "configs" / "experiment_latent_revise.yaml",
+                  "--out", tmp_path / "x", setting)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert not (tmp_path / "x").exists()

@@ -37,6 +37,28 @@ def vllm_available() -> bool:
         return False
 
 
+# transformers architectures vLLM has no class for, and the vLLM class that runs the same
+# weights: a Ministral decoder (a sliding-window testbed model, es_llm/testbed/swa.py) is
+# Llama's layout with a per-layer ``layer_types`` list, which vLLM's Mistral (Llama) code
+# reads layer by layer.
+_RUN_AS = {"MinistralForCausalLM": "MistralForCausalLM"}
+
+
+def architecture_override(model_path: str) -> dict | None:
+    """vLLM's ``hf_overrides`` for a model folder whose architecture vLLM runs under another
+    name (``_RUN_AS``); None for every other folder."""
+    import json
+    from pathlib import Path
+
+    try:
+        arch = json.loads((Path(model_path) / "config.json").read_text()).get("architectures")
+    except (OSError, ValueError):
+        return None
+    if arch and len(arch) == 1 and arch[0] in _RUN_AS:
+        return {"architectures": [_RUN_AS[arch[0]]]}
+    return None
+
+
 class VLLMBackend:
     """A vLLM engine behind ``Backend.generate``.
 
@@ -84,6 +106,9 @@ class VLLMBackend:
             extra["worker_extension_cls"] = "es_llm.backends.vllm_weights.ESWorkerExtension"
         if not prefix_caching:
             extra["enable_prefix_caching"] = False
+        overrides = architecture_override(model_path)
+        if overrides:
+            extra["hf_overrides"] = overrides
         extra.update(engine_args or {})
         self.worker_extension = worker_extension
         # Chunked prefill off: with seeded sampling, vLLM's CPU path rewinds a per-request

@@ -101,6 +101,11 @@ def model_stats(s: SampleSet, base: SampleSet | None, ks: list[int], rng: np.ran
         reg = [index[pid] for pid in pr["regressions"]]
         pr["regression_entropy"] = float(np.mean(entropy["entropy_P"][reg])) if reg else None
         pr["regression_plurality"] = float(np.mean(entropy["plurality_share_P"][reg])) if reg else None
+        # The share of the problems the base never solves that this model solves at least
+        # once (zero-hit recovery, LatentRevise's measure on held-out problems).
+        unsolved = len(s.problem_ids) - len(solved_set(base.problem_ids, base.correct))
+        pr["base_never_solved"] = unsolved
+        pr["progression_share"] = pr["num_progressions"] / unsolved if unsolved else None
         out["vs_base"] = pr
     return out
 
@@ -132,7 +137,7 @@ def method_stats(models: list[dict], ks: list[int], weights_R_P: np.ndarray) -> 
         out["vs_base"] = {
             key: _nanmean([v[key] for v in vb])
             for key in ("num_progressions", "num_regressions", "regression_entropy",
-                        "regression_plurality")}
+                        "regression_plurality", "progression_share")}
         out["vs_base"]["accuracy_delta"] = _nanmean([v["accuracy_delta"]["mean"] for v in vb])
         out["vs_base"]["seed_values"] = {m["name"]: {k: m["vs_base"][k] for k in (
             "num_progressions", "num_regressions")} for m in models}

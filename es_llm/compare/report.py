@@ -372,9 +372,11 @@ def _coverage_blocks(comp: dict, figures: dict) -> list[tuple]:
         out.append(("p", "Progressions are problems the base model never solves and the trained "
                     "model solves at least once; regressions the reverse. The answer entropy "
                     "on regressions is low when the trained model is confidently wrong there."))
-        out.append(("table", ["method", "progressions", "regressions", "mean accuracy change",
+        out.append(("table", ["method", "progressions", "share of the base's never-solved",
+                              "regressions", "mean accuracy change",
                               "answer entropy on regressions", "plurality share on regressions"],
                     [[m, _count(methods[m]["vs_base"]["num_progressions"]),
+                      _share_of(methods[m]["vs_base"]["progression_share"]),
                       _count(methods[m]["vs_base"]["num_regressions"]),
                       _interval_free(methods[m]["vs_base"]["accuracy_delta"]),
                       _num(methods[m]["vs_base"]["regression_entropy"]),
@@ -382,6 +384,10 @@ def _coverage_blocks(comp: dict, figures: dict) -> list[tuple]:
     out.append(("img", figures["histograms"], "Per-problem accuracy histogram (the first bin "
                 "holds the problems never solved)."))
     return out
+
+
+def _share_of(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
 
 
 def _interval_free(x: float | None) -> str:

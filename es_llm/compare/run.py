@@ -4,7 +4,6 @@ write comparison.json, the figures, report.md and report.html."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import subprocess
 import sys
 from dataclasses import dataclass, field, replace
@@ -33,7 +32,7 @@ from es_llm.evaluate import (
     evaluate,
     resolve_task_config,
 )
-from es_llm.io import complete_jsonl_rows, write_json_atomic, write_text_atomic
+from es_llm.io import complete_jsonl_rows, jsonl_lines, write_json_atomic, write_text_atomic
 from es_llm.machine import machine_kind
 from es_llm.metrics.summary import json_safe
 from populations.numbers import is_finite_number
@@ -308,20 +307,10 @@ def difficulty_file(cfg: CompareConfig, sources: list, loaded: dict) -> dict | N
         raise BadInput(f"--difficulty-file {str(path)!r} is not a file; give a JSONL file with "
                        f"an 'id' and a '{column}' number per problem.")
     values: dict[str, float] = {}
-    try:
-        lines = path.read_text().splitlines()
-    except UnicodeDecodeError:
-        raise BadInput(f"--difficulty-file {path} is not UTF-8 text (JSONL).") from None
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            row = None
+    for n, line, row in jsonl_lines(path, "--difficulty-file"):
         value = row.get(column) if isinstance(row, dict) else None
         if not isinstance(row, dict) or "id" not in row or not is_finite_number(value):
-            raise BadInput(f"{path} line {i + 1} needs an 'id' and a finite number in column "
+            raise BadInput(f"{path} line {n} needs an 'id' and a finite number in column "
                            f"'{column}' (difficulty_column=NAME picks the column), got "
                            f"{line[:120]!r}.")
         values[str(row["id"])] = float(value)

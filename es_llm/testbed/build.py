@@ -187,11 +187,19 @@ def _domain_into(tmp: Path, name: str, cfg: TestbedConfig, progress: bool) -> No
     write_json_atomic(tmp / "testbed.json", info)
 
 
+def _swa_into(tmp: Path, student: Path, cfg: TestbedConfig, progress: bool) -> None:
+    """The student under sliding-window attention before and after its conversion SFT
+    (``swa.py``), each with its pass@k on the student's held-out set."""
+    from es_llm.testbed.swa import build_swa
+
+    build_swa(tmp, student, cfg, progress, lambda folder: _report(folder, student, cfg, progress))
+
+
 def _with_extras(student: Path, cfg: TestbedConfig, progress: bool, echo) -> Path:
     """The student plus what the config enables, each part built once under its own cache
     key: ``teachers/strong``, ``teachers/weak_base``, ``teachers/weak_rl``, ``diffusion/``
     (the masked-diffusion model), the domain models ``code/`` and ``chess/``, and the
-    multi-role ``reasoning/``."""
+    multi-role ``reasoning/``, and the sliding-window conversion ``swa/``."""
     parts: dict[str, Path] = {}
     threads = torch.get_num_threads()
     if cfg.train.threads:
@@ -211,6 +219,10 @@ def _with_extras(student: Path, cfg: TestbedConfig, progress: bool, echo) -> Pat
                                          "masked-diffusion model 'diffusion'",
                                          lambda tmp: _diffusion_into(tmp, student, cfg, progress),
                                          echo)
+        if cfg.swa.enabled:
+            parts["swa"] = _cached(cache_root() / cfg.swa_key(),
+                                   f"sliding-window conversion 'swa' (window {cfg.swa.window})",
+                                   lambda tmp: _swa_into(tmp, student, cfg, progress), echo)
         for name, task in MODEL_TASKS.items():
             if getattr(cfg, name).enabled:
                 parts[name] = _cached(
@@ -239,7 +251,7 @@ def _with_extras(student: Path, cfg: TestbedConfig, progress: bool, echo) -> Pat
             shutil.copytree(student / "data", tmp / "diffusion" / "data")
             info["diffusion"] = json.loads((parts["diffusion"] / "testbed.json").read_text())["diffusion"]
             info["diffusion"]["path"] = "diffusion"
-        for name in MODEL_TASKS:
+        for name in ("swa", *MODEL_TASKS):
             if name in parts:
                 shutil.copytree(parts[name], tmp / name,
                                 ignore=shutil.ignore_patterns("testbed.json"))
@@ -355,6 +367,11 @@ def describe(path: Path, info: dict) -> str:
             lines.append(f"  teacher {name:9s} {t['path']}  width {t['hidden_size']} x "
                          f"{t['num_layers']} layers  pass@1 {tr['pass@1']:.3f} "
                          f"(n={tr['samples']})")
+    if "swa" in info:
+        w, top = info["swa"], f"pass@{info['swa']['report']['samples']}"
+        for label, r in (("after SFT", w["report"]), ("no SFT", w["no_sft"]["report"])):
+            lines.append(f"  swa ({label:9s}) {w['path']}{'' if label == 'after SFT' else '/no_sft'}"
+                         f"  window {w['window']}  pass@1 {r['pass@1']:.3f}  {top} {r[top]:.3f}")
     for name in MODEL_TASKS:
         if name in info:
             d, dr = info[name], info[name]["report"]

@@ -254,6 +254,29 @@ class DomainLM:
 
 
 @dataclass(frozen=True)
+class SlidingWindow:
+    # SWARR's converted model (swa/ in the testbed folder, and swa/no_sft/): the student's
+    # weights in a decoder whose chosen layers attend over a sliding window, then SFT on the
+    # student's pretraining mix under that window (es_llm/testbed/swa.py).
+    enabled: bool = False
+    # Keys a query of a sliding layer sees, itself included: the query at position i
+    # attends to positions i-window+1 .. i (transformers' and vLLM's convention, tested).
+    window: int = 16
+    # The layers that slide, 0-based ([] = every layer); the others keep full attention.
+    layers: tuple[int, ...] = ()
+    # The conversion SFT on the student's pretraining mix.
+    train: TrainSchedule = field(default_factory=lambda: TrainSchedule(
+        steps=400, lr=1e-3, warmup_steps=20))
+
+    def __post_init__(self):
+        if isinstance(self.layers, list):
+            object.__setattr__(self, "layers", tuple(self.layers))
+        if not self.window >= 1:
+            raise BadInput(f"swa.window must be a positive number of tokens, got "
+                           f"{self.window!r}.")
+
+
+@dataclass(frozen=True)
 class ReportEval:
     # The build ends with a quick evaluation on the held-out countdown set: samples per
     # problem, temperature, longest completion.
@@ -286,6 +309,19 @@ class TestbedConfig:
     # review and revise roles, for the test-time methods of `es-llm testtime`.
     reasoning: DomainLM = field(default_factory=lambda: DomainLM(
         train=TrainSchedule(steps=1200), tiers=(2, 3, 4)))
+    # The student converted to sliding-window attention (SWARR's first stage).
+    swa: SlidingWindow = field(default_factory=SlidingWindow)
+
+    def __post_init__(self):
+        w, n = self.swa, self.model.num_layers
+        if w.window > self.model.max_positions:
+            raise BadInput(f"swa.window ({w.window}) is larger than the model's context "
+                           f"(model.max_positions = {self.model.max_positions}): nothing would "
+                           f"slide. Use a window from 1 to {self.model.max_positions}.")
+        bad = [i for i in w.layers if not 0 <= i < n]
+        if bad or len(set(w.layers)) != len(w.layers):
+            raise BadInput(f"swa.layers must be distinct layer indices from 0 to {n - 1} (the "
+                           f"student has {n} layers; [] = every layer), got {list(w.layers)}.")
 
     def fingerprint(self) -> str:
         """A hash of everything that changes the built model: the config (less the report
@@ -294,7 +330,7 @@ class TestbedConfig:
         d = to_dict(self)
         d.pop("report")
         d.pop("teachers")
-        for part in ("diffusion", *MODEL_TASKS):
+        for part in ("diffusion", "swa", *MODEL_TASKS):
             d.pop(part)
         h = hashlib.sha256(json.dumps(d, sort_keys=True).encode())
         for source in _builder_sources():
@@ -324,6 +360,13 @@ class TestbedConfig:
             h.update(source.read_bytes())
         return f"{self.size}-{self.fingerprint()}-diffusion-{h.hexdigest()[:12]}"
 
+
+    def swa_key(self) -> str:
+        """Cache key of the sliding-window conversion: its settings and builder on top of
+        the student's fingerprint (whose sources include the training loop it reuses)."""
+        h = hashlib.sha256(json.dumps(to_dict(self.swa), sort_keys=True).encode())
+        h.update((Path(__file__).parent / "swa.py").read_bytes())
+        return f"{self.size}-{self.fingerprint()}-swa-{h.hexdigest()[:12]}"
 
     def domain_key(self, name: str) -> str:
         """Cache key of a domain model: its config, its task's and example maker's modules

@@ -141,7 +141,7 @@ def make_model(cfg: TestbedConfig, tokenizer):
     return model
 
 
-def _batch(examples: list[tuple[str, str]], tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
+def completion_batch(examples: list[tuple[str, str]], tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-padded ids and labels; only completion tokens (and EOS) carry a loss."""
     rows, labels = [], []
     for prompt, completion in examples:
@@ -181,7 +181,7 @@ def train(model, tokenizer, cfg: TestbedConfig, excluded: set, progress: bool = 
     losses = []
     bar = tqdm(range(t.steps), desc="pretrain", unit="step", disable=not progress)
     for step in bar:
-        ids, labels = _batch([draw(rng) for _ in range(t.batch_size)], tokenizer)
+        ids, labels = completion_batch([draw(rng) for _ in range(t.batch_size)], tokenizer)
         for group in opt.param_groups:
             group["lr"] = lr_at(step)
         loss = model(input_ids=ids, attention_mask=(ids != tokenizer.pad_token_id).long(),

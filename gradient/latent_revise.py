@@ -1,0 +1,157 @@
+"""LatentRevise: revise a failed rollout's reasoning prefix in embedding space until it points
+at the gold answer, then let the frozen model continue from it.
+
+LatentRevise (Guo, Han, Jia, Zhai, Bai; arXiv 2606.29938) targets zero-hit prompts, where no
+rollout succeeds and RLVR gets no signal. For a failed rollout it optimises the input
+embeddings of the rollout's reasoning prefix with two gradients, away from the failed
+continuation and toward the gold answer, keeping each position inside the convex hull of the
+vocabulary embeddings so that every update moves toward a real token embedding; the policy
+stays frozen. Continuations from the revised prefix reach answers the rollouts missed and
+serve as training data. No code is public; a secondary summary reports about 10 Frank-Wolfe
+steps per failed rollout. The reading here:
+
+* **Parameters.** Each prefix position t is a point ``w_t`` on the probability simplex over
+  the vocabulary; its input embedding is ``w_t @ E`` (E the model's input embedding matrix,
+  ``(V, D)``). Start: the one-hot of the rollout's own token, where the model's logits are
+  exactly those of the original tokens (tested).
+* **Loss.** ``L(w) = -log p(gold | prompt, w) + lambda * log p(fail | prompt, w)``: the sum of
+  token log-likelihoods of the gold continuation (the reference solution from the step the
+  prefix ends at: its remaining steps and answer) minus ``lambda`` times that of the failed
+  continuation (what the rollout wrote after the prefix). The first term pulls toward the
+  gold answer, the second pushes away from the failure; ``lambda >= 0``.
+* **Frank-Wolfe.** The linear minimiser of ``<grad_t, s>`` over the simplex is the vertex of
+  the smallest gradient entry; ``w_t <- (1 - gamma_k) w_t + gamma_k onehot(argmin_v
+  grad_t[v])`` with ``gamma_k = 2 / (k + 2)`` for ``k = first_step .. first_step + K - 1``,
+  every position at once. ``first_step = 0`` is the textbook schedule (its first step goes
+  all the way to a vertex); a larger one keeps more of the rollout. The vertices are the
+  ordinary tokens: special tokens (padding, BOS, EOS, mask, unknown) are never chosen, so a
+  decoded prefix never ends early. Iterates stay on the simplex by construction (tested).
+* **Back to tokens.** The argmax of each position's weights (ties: the lower id): a hard
+  prefix the model can be sampled from and trained on. Continuations are sampled from the
+  prompt plus that hard prefix and judged by the task's verifier on prefix plus
+  continuation.
+
+``revise`` counts its cost in token passes: a forward pass over a sequence of n tokens costs
+n, a backward pass 2n (the usual estimate of a backward pass at twice a forward), so a
+revision of K steps over a gold row and a failed row costs ``3 K (n_gold + n_fail)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+# Token passes of a backward pass, per token, against 1 for a forward pass.
+BACKWARD_COST = 2
+
+
+def frank_wolfe_step(weights_T_V: torch.Tensor, grad_T_V: torch.Tensor, k: int,
+                     allowed_V: torch.Tensor | None = None) -> torch.Tensor:
+    """One Frank-Wolfe step on a product of simplices (one per row).
+
+    Args:
+        weights_T_V: current points, each row on the probability simplex.
+        grad_T_V: the loss gradient with respect to them.
+        k: the step index; the step size is ``2 / (k + 2)`` (Jaggi 2013).
+        allowed_V: bool mask of the vertices the linear minimiser may pick (None = all).
+
+    Returns the new ``(T, V)`` weights: ``(1 - gamma) w + gamma onehot(argmin_v grad[v])``.
+    """
+    if allowed_V is not None:
+        grad_T_V = grad_T_V.masked_fill(~allowed_V, float("inf"))
+    vertex_T = grad_T_V.argmin(dim=-1)
+    gamma = 2.0 / (k + 2.0)
+    s_T_V = torch.nn.functional.one_hot(vertex_T, weights_T_V.shape[-1]).to(weights_T_V.dtype)
+    return (1.0 - gamma) * weights_T_V + gamma * s_T_V
+
+
+def hard_decode(weights_T_V: torch.Tensor) -> list[int]:
+    """The token of largest weight at each position (the lowest id among ties)."""
+    return weights_T_V.argmax(dim=-1).tolist()
+
+
+def continuation_logp(model, context_1_S_D: torch.Tensor, target_ids: list[int]) -> torch.Tensor:
+    """Summed log-probability of ``target_ids`` after input embeddings ``context_1_S_D`` (a
+    0-d tensor, differentiable with respect to the context); 0 for an empty target."""
+    if not target_ids:
+        return context_1_S_D.sum() * 0.0
+    embed = model.get_input_embeddings()
+    target_1_T = torch.tensor([target_ids], device=context_1_S_D.device)
+    inputs_1_L_D = torch.cat([context_1_S_D, embed(target_1_T[:, :-1])], dim=1)
+    S, T = context_1_S_D.shape[1], len(target_ids)
+    logits_T_V = model(inputs_embeds=inputs_1_L_D).logits[0, S - 1:S - 1 + T].float()
+    return torch.log_softmax(logits_T_V, -1).gather(-1, target_1_T[0, :, None]).sum()
+
+
+@dataclass(frozen=True)
+class RevisionProblem:
+    """One failed rollout cut into the parts the loss reads (token ids, no special tokens
+    except the prompt's BOS)."""
+
+    prompt_ids: list[int]
+    prefix_ids: list[int]
+    gold_ids: list[int]
+    fail_ids: list[int]
+
+
+@dataclass(frozen=True)
+class Revision:
+    # The final simplex weights (T, V), their hard decoding, the loss and the two
+    # log-likelihoods before each step and after the last, and the revision's token passes.
+    weights_T_V: torch.Tensor
+    prefix_ids: list[int]
+    losses: list[float]
+    gold_logp: list[float]
+    fail_logp: list[float]
+    token_passes: int
+
+
+def revise_loss(model, prompt_1_P_D: torch.Tensor, weights_T_V: torch.Tensor,
+                gold_ids: list[int], fail_ids: list[int], lam: float
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(L, log p(gold), log p(fail))`` with ``L = -log p(gold) + lam log p(fail)``, both
+    given the prompt's embeddings and the soft prefix ``weights_T_V @ E``."""
+    E_V_D = model.get_input_embeddings().weight
+    soft_1_T_D = (weights_T_V.to(E_V_D.dtype) @ E_V_D)[None]
+    context_1_S_D = torch.cat([prompt_1_P_D, soft_1_T_D], dim=1)
+    gold = continuation_logp(model, context_1_S_D, gold_ids)
+    fail = continuation_logp(model, context_1_S_D, fail_ids) if lam else gold.detach() * 0.0
+    return -gold + lam * fail, gold, fail
+
+
+def revise(model, problem: RevisionProblem, steps: int, lam: float, first_step: int = 0,
+           allowed_V: torch.Tensor | None = None) -> Revision:
+    """``steps`` Frank-Wolfe steps on the soft prefix of ``problem`` with the model frozen
+    (its parameters get no gradient); see the module docstring."""
+    V = model.get_input_embeddings().weight.shape[0]
+    device = model.get_input_embeddings().weight.device
+    with torch.no_grad():
+        prompt_1_P_D = model.get_input_embeddings()(
+            torch.tensor([problem.prompt_ids], device=device))
+    weights_T_V = torch.nn.functional.one_hot(
+        torch.tensor(problem.prefix_ids, device=device), V).float()
+    losses, gold_lp, fail_lp = [], [], []
+    context = len(problem.prompt_ids) + len(problem.prefix_ids)
+    per_step = (context + len(problem.gold_ids)) + (
+        context + len(problem.fail_ids) if lam and problem.fail_ids else 0)
+    requires = [p.requires_grad for p in model.parameters()]
+    model.requires_grad_(False)
+    try:
+        for k in range(first_step, first_step + steps + 1):
+            w = weights_T_V.clone().requires_grad_(True)
+            loss, gold, fail = revise_loss(model, prompt_1_P_D, w, problem.gold_ids,
+                                           problem.fail_ids, lam)
+            losses.append(float(loss.detach()))
+            gold_lp.append(float(gold.detach()))
+            fail_lp.append(float(fail.detach()))
+            if k == first_step + steps:
+                break  # the last pass only measures the final point
+            (grad_T_V,) = torch.autograd.grad(loss, w)
+            weights_T_V = frank_wolfe_step(weights_T_V, grad_T_V, k, allowed_V)
+    finally:
+        for p, r in zip(model.parameters(), requires):
+            p.requires_grad_(r)
+    passes = steps * (1 + BACKWARD_COST) * per_step + per_step
+    return Revision(weights_T_V=weights_T_V, prefix_ids=hard_decode(weights_T_V), losses=losses,
+                    gold_logp=gold_lp, fail_logp=fail_lp, token_passes=passes)

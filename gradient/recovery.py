@@ -1,0 +1,452 @@
+"""``es-llm latent-revise``: find a model's zero-hit prompts, revise failed rollouts of each
+with LatentRevise (``gradient.latent_revise``), and write the verified trajectories as a
+training data file, beside plain resampling at the same cost.
+
+1. **Search.** ``search.samples`` (k) samples per training prompt; a prompt none of them
+   solves is zero-hit.
+2. **Revise.** For each zero-hit prompt, its first ``revise.rollouts_per_prompt`` failed
+   samples that have a step are cut into prefix, failed continuation and gold continuation
+   (``split_rollout``), revised by ``revise.steps`` Frank-Wolfe steps and hard-decoded;
+   ``revise.continuations`` continuations are sampled from prompt + hard prefix and judged by
+   the task's verifier on prefix + continuation. A prompt is recovered when one is correct.
+3. **Resample.** The same prompts get plain samples, as many as cost the same token passes
+   as the prompt's revision and continuations (forward tokens, backward at twice that; see
+   ``gradient.latent_revise``); a prompt is recovered when one of them is correct.
+
+Writes ``recovered.jsonl`` (one verified trajectory per recovered prompt: the problem's
+record plus ``completion``, a task data file and an SFT file at once), ``resampled.jsonl``
+(the resampling arm's first correct sample per prompt), ``base_rollouts.jsonl`` (as many
+correct search samples of other prompts as were recovered, one per prompt: the SFT control
+"the same number of base-model rollouts"), ``attempts.jsonl`` (every revision), and
+``metrics.json`` and ``report.md``: recovery rates with 95% bootstrap intervals over the
+zero-hit prompts, their paired difference, token passes and seconds of each arm.
+
+A prompt whose failed samples have no step at all (an empty completion) cannot be cut and
+counts as not recovered by LatentRevise.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import re
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from es_llm.backends import BACKEND_NAMES, choose_backend
+from es_llm.backends.base import SamplingParams
+from es_llm.backends.diffusion import is_diffusion_model
+from es_llm.config import check_choices, choice, run_config_yaml
+from es_llm.errors import BadInput
+from es_llm.evaluate import SamplingConfig, check_model_path, resolve_training_data
+from es_llm.io import write_json_atomic, write_jsonl_atomic, write_text_atomic
+from es_llm.metrics.passk import bootstrap_ci
+from es_llm.run_folder import check_out_path
+from es_llm.tasks import TaskConfig, build_task
+from es_llm.testbed.train import record
+from gradient.latent_revise import RevisionProblem, revise
+from gradient.seeds import derive_seed
+
+CUTS = ("first_wrong", "fraction")
+_SPAN_RE = re.compile(r"\S+")
+
+
+@dataclass(frozen=True)
+class ReviseSettings:
+    # Frank-Wolfe steps per failed rollout (K), the model frozen.
+    steps: int = 10
+    # lambda: weight of the failed continuation's log-likelihood, which the loss lowers.
+    away_weight: float = 0.1
+    # Index of the first step of the 2/(k+2) schedule (0: the textbook schedule, whose first
+    # step goes all the way to a vertex; larger keeps more of the rollout's own prefix). 8
+    # and lambda 0.1 were chosen on the default testbed (docs/benchmarks.md, "LatentRevise").
+    first_step: int = 8
+    # Where the prefix ends: first_wrong (Countdown: through the first step the verifier
+    # rejects, so the revision can repair it) or fraction (the first ceil(cut_fraction x S)
+    # of the rollout's S steps, the answer counting as one).
+    cut: str = choice("first_wrong", lambda: CUTS)
+    cut_fraction: float = 0.5
+    # Failed rollouts revised per zero-hit prompt, and continuations sampled from each
+    # revised prefix.
+    rollouts_per_prompt: int = 1
+    continuations: int = 4
+
+    def __post_init__(self):
+        check_choices(self, "revise.")
+        if self.steps < 1:
+            raise BadInput(f"revise.steps (K, Frank-Wolfe steps) must be at least 1, got "
+                           f"{self.steps}.")
+        if not (self.away_weight >= 0 and math.isfinite(self.away_weight)):
+            raise BadInput(f"revise.away_weight (lambda) must be a finite number >= 0 (0 = only "
+                           f"pull toward the gold answer), got {self.away_weight}.")
+        if not 0 < self.cut_fraction <= 1:
+            raise BadInput(f"revise.cut_fraction must lie in (0, 1]: a cut beyond the rollout's "
+                           f"last step (or before its first) leaves nothing to revise; got "
+                           f"{self.cut_fraction}.")
+        if self.first_step < 0 or self.rollouts_per_prompt < 1 or self.continuations < 1:
+            raise BadInput("revise.first_step must be >= 0, and revise.rollouts_per_prompt and "
+                           "revise.continuations at least 1.")
+
+
+@dataclass(frozen=True)
+class LatentReviseConfig:
+    # The model (a causal LM whose input embedding matrix spans its vocabulary).
+    model: str = ""
+    # Training prompts with reference solutions; without data, a testbed model's
+    # data/<task>_rl.jsonl.
+    task: TaskConfig = field(default_factory=lambda: TaskConfig(name="countdown"))
+    # Sampler of the search, continuations and resamples: auto (vLLM when installed), hf or
+    # vllm; the revision itself always runs in transformers.
+    backend: str = choice("auto", lambda: BACKEND_NAMES)
+    # Device of the revision's forward and backward passes: cpu or cuda.
+    device: str = choice("cpu", lambda: ("cpu", "cuda"))
+    # Bootstrap resamples over zero-hit prompts for the 95% intervals.
+    bootstrap: int = 1000
+    # The search's samples per prompt (k: a prompt none of them solves is zero-hit), their
+    # temperature, nucleus and length, which continuations and resamples share; its seed
+    # seeds every sampling stream of the run and the bootstrap.
+    search: SamplingConfig = field(default_factory=lambda: SamplingConfig(n=16))
+    revise: ReviseSettings = field(default_factory=ReviseSettings)
+
+    def __post_init__(self):
+        check_choices(self)
+        if self.bootstrap < 10:
+            raise BadInput(f"bootstrap must be at least 10 resamples, got {self.bootstrap}.")
+
+
+# --- cutting a rollout (pure) -------------------------------------------------------------------
+
+def step_spans(text: str) -> list[tuple[int, int]]:
+    """Character spans of a trajectory's steps (words before ``<answer>``) and its answer
+    block (``<answer>`` to the end)."""
+    cut = text.find("<answer>")
+    body = text if cut < 0 else text[:cut]
+    spans = [(m.start(), m.end()) for m in _SPAN_RE.finditer(body)]
+    if cut >= 0:
+        spans.append((cut, len(text)))
+    return spans
+
+
+def prefix_steps(completion: str, problem, settings: ReviseSettings) -> int:
+    """How many of the rollout's steps the prefix keeps (>= 1; 0 when it has none)."""
+    spans = step_spans(completion)
+    if not spans:
+        return 0
+    if settings.cut == "fraction":
+        return min(len(spans), max(1, math.ceil(settings.cut_fraction * len(spans))))
+    from es_llm.tasks.countdown_roles import first_wrong_step
+
+    wrong = first_wrong_step(problem.gold["numbers"], problem.gold["target"], completion)
+    return min(len(spans), wrong or len(spans))
+
+
+def split_rollout(completion: str, reference: str, steps: int) -> tuple[str, str, str]:
+    """``(prefix, failed continuation, gold continuation)``: the rollout through its first
+    ``steps`` steps, the rest of it, and the reference solution from its ``steps``-th step on
+    (at least its answer block)."""
+    spans, ref = step_spans(completion), step_spans(reference)
+    at = spans[steps][0] if steps < len(spans) else len(completion)
+    gold_from = ref[min(steps, len(ref) - 1)][0] if ref else 0
+    return completion[:at], completion[at:], reference[gold_from:]
+
+
+# --- the command --------------------------------------------------------------------------------
+
+def _check(cfg: LatentReviseConfig):
+    """The task, its problems and the revision model, after every input check."""
+    check_model_path(cfg.model)
+    if is_diffusion_model(cfg.model):
+        raise BadInput(f"{cfg.model} is a masked-diffusion model; LatentRevise revises the "
+                       f"input embeddings of a causal LM's prefix, so give a causal LM folder.")
+    if cfg.revise.cut == "first_wrong" and cfg.task.name != "countdown":
+        raise BadInput(f"revise.cut=first_wrong reads Countdown steps; task {cfg.task.name!r} "
+                       f"needs revise.cut=fraction.")
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise BadInput("device 'cuda' was asked for but torch sees no CUDA device; use device=cpu.")
+    choose_backend(cfg.backend, cfg.model)
+    cfg = resolve_training_data(cfg)
+    task = build_task(cfg.task)
+    problems = task.problems()
+    missing = [p.id for p in problems if not p.meta.get("reference")]
+    if not problems or missing:
+        task.close()
+        raise BadInput(f"LatentRevise needs training problems with reference solutions (the "
+                       f"gold continuation); {len(missing)} of {len(problems)} problems of "
+                       f"{cfg.task.data!r} have none. Use a file with a 'reference' field "
+                       f"(a testbed's data/*_rl.jsonl).")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(cfg.model)
+    model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32).to(cfg.device)
+    embed = model.get_input_embeddings()
+    if not isinstance(embed, torch.nn.Embedding) or embed.weight.shape[0] < len(tokenizer):
+        task.close()
+        raise BadInput(f"{cfg.model} has no input embedding matrix with a row per token of its "
+                       f"tokenizer ({len(tokenizer)} tokens), which the simplex over the "
+                       f"vocabulary needs.")
+    return cfg, task, problems, model.eval(), tokenizer
+
+
+def _sampler(cfg: LatentReviseConfig, model, tokenizer):
+    if choose_backend(cfg.backend, cfg.model) == "vllm":
+        from es_llm.backends.vllm_backend import VLLMBackend
+        return VLLMBackend(cfg.model, seed=cfg.search.seed)
+    from es_llm.backends.hf import HFBackend
+    return HFBackend(cfg.model, model=model, tokenizer=tokenizer, device=cfg.device)
+
+
+def _allowed(tokenizer, vocab: int, device) -> torch.Tensor:
+    """The vertices a revised position may take: ordinary tokens, never a special one."""
+    allowed = torch.zeros(vocab, dtype=torch.bool, device=device)
+    allowed[:len(tokenizer)] = True
+    allowed[torch.tensor(tokenizer.all_special_ids, device=device)] = False
+    return allowed
+
+
+def _params(search: SamplingConfig, n: int, stream: str) -> SamplingParams:
+    """The search's sampling settings with ``n`` samples per prompt on a stream of its own."""
+    return replace(search.params(), n=n, seed=derive_seed(search.seed, stream))
+
+
+def _ids(tokenizer, text: str) -> list[int]:
+    return tokenizer(text, add_special_tokens=False).input_ids
+
+
+def _rate(hits: list[bool], rng, resamples: int) -> dict:
+    if not hits:
+        return {"value": None, "ci95": None}
+    lo, hi = bootstrap_ci(np.asarray(hits, dtype=float), rng, resamples)
+    return {"value": float(np.mean(hits)), "ci95": [lo, hi]}
+
+
+def latent_revise(cfg: LatentReviseConfig, out: str | Path, progress: bool = True, echo=print,
+                  on_folder=None) -> dict:
+    """The whole of ``es-llm latent-revise``; returns the metrics it writes."""
+    out = check_out_path(out)
+    cfg, task, problems, model, tokenizer = _check(cfg)
+    sampler = _sampler(cfg, model, tokenizer)
+    s = cfg.search
+    try:
+        t0 = time.perf_counter()
+        params = _params(s, s.n, "search")
+        outs = sampler.generate([p.prompt for p in problems], params, progress=progress,
+                                keys=[p.id for p in problems])
+        scores = task.score_many([(p, c.text) for p, row in zip(problems, outs) for c in row])
+        correct = np.array([sc.correct for sc in scores]).reshape(len(problems), s.n)
+        zero = [i for i in range(len(problems)) if not correct[i].any()]
+        echo(f"{len(zero)} of {len(problems)} prompts are zero-hit in {s.n} samples")
+        search_s = time.perf_counter() - t0
+        attempts, lr_cost, lr_s = _revise_all(cfg, task, problems, outs, zero, model, tokenizer,
+                                              sampler, progress)
+        resampled, rs_cost, rs_s = _resample(cfg, task, problems, outs, zero, lr_cost, tokenizer,
+                                             sampler)
+    finally:
+        sampler.close()
+        task.close()
+    recovered = _recovered_rows(problems, zero, attempts)
+    base = _base_rollouts(cfg, problems, outs, correct, zero, len(recovered))
+    metrics = _metrics(cfg, problems, zero, attempts, recovered, resampled, lr_cost, rs_cost,
+                       {"search_s": search_s, "latent_revise_s": lr_s, "resample_s": rs_s},
+                       len(base))
+    out.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(out / "config.yaml", run_config_yaml(cfg))
+    write_jsonl_atomic(out / "attempts.jsonl", attempts)
+    write_jsonl_atomic(out / "recovered.jsonl", recovered)
+    write_jsonl_atomic(out / "resampled.jsonl", [row for row in resampled.values() if row])
+    write_jsonl_atomic(out / "base_rollouts.jsonl", base)
+    write_json_atomic(out / "metrics.json", metrics)
+    text = _report(metrics)
+    write_text_atomic(out / "report.md", text)
+    if on_folder is not None:
+        on_folder(out)
+    echo(text.rstrip())
+    return metrics
+
+
+def _revise_all(cfg, task, problems, outs, zero, model, tokenizer, sampler, progress):
+    """Every revision and its continuations: the attempt rows, each zero-hit prompt's token
+    passes, and the seconds."""
+    r, s = cfg.revise, cfg.search
+    t0 = time.perf_counter()
+    allowed = _allowed(tokenizer, model.get_input_embeddings().weight.shape[0], cfg.device)
+    attempts, cost = [], {i: 0 for i in zero}
+    for i in tqdm(zero, desc="revise", unit="prompt", disable=not progress):
+        p = problems[i]
+        prompt_ids = list(tokenizer(p.prompt).input_ids)
+        failed = [c.text for c in outs[i] if step_spans(c.text)][:r.rollouts_per_prompt]
+        for j, text in enumerate(failed):
+            steps = prefix_steps(text, p, r)
+            prefix, fail, gold = split_rollout(text, p.meta["reference"], steps)
+            eos = [tokenizer.eos_token_id]
+            rp = RevisionProblem(prompt_ids, _ids(tokenizer, prefix), _ids(tokenizer, gold) + eos,
+                                 _ids(tokenizer, fail) + eos)
+            rev = revise(model, rp, r.steps, r.away_weight, r.first_step, allowed)
+            cost[i] += rev.token_passes
+            attempts.append({"problem_id": p.id, "index": i, "rollout": j, "failed": text,
+                             "prefix_steps": steps, "prefix": prefix,
+                             "revised_prefix": tokenizer.decode(rev.prefix_ids),
+                             "revised_ids": rev.prefix_ids,
+                             "changed_tokens": sum(a != b for a, b in zip(rp.prefix_ids,
+                                                                         rev.prefix_ids)),
+                             "prefix_tokens": len(rp.prefix_ids), "loss": rev.losses,
+                             "gold_logp": rev.gold_logp, "fail_logp": rev.fail_logp,
+                             "revision_passes": rev.token_passes})
+    params = _params(s, r.continuations, "continue")
+    prompts = [list(tokenizer(problems[a["index"]].prompt).input_ids) + a["revised_ids"]
+               for a in attempts]
+    conts = sampler.generate(prompts, params, keys=[f"{a['problem_id']}:{a['rollout']}"
+                                                    for a in attempts]) if attempts else []
+    pairs = [(problems[a["index"]], a["revised_prefix"] + c.text)
+             for a, row in zip(attempts, conts) for c in row]
+    verdicts = iter(task.score_many(pairs)) if pairs else iter(())
+    for a, ids, row in zip(attempts, prompts, conts):
+        a["continuations"] = [{"text": c.text, "correct": next(verdicts).correct,
+                               "tokens": len(c.token_ids)} for c in row]
+        a["continuation_passes"] = sum(len(ids) + len(c.token_ids) for c in row)
+        cost[a["index"]] += a["continuation_passes"]
+    return attempts, cost, time.perf_counter() - t0
+
+
+def _resample(cfg, task, problems, outs, zero, budget, tokenizer, sampler):
+    """Plain samples of each zero-hit prompt at its revision's token passes: the first correct
+    one per prompt (None if none), each prompt's passes spent, and the seconds."""
+    t0 = time.perf_counter()
+    draws: dict[int, list[int]] = {}
+    for i in zero:
+        plen = len(tokenizer(problems[i].prompt).input_ids)
+        mean_len = np.mean([len(c.token_ids) for c in outs[i]])
+        draws.setdefault(max(1, round(budget[i] / (plen + mean_len))), []).append(i)
+    found: dict[int, dict | None] = {i: None for i in zero}
+    spent = {i: 0 for i in zero}
+    for n, idx in sorted(draws.items()):
+        params = _params(cfg.search, n, "resample")
+        rows = sampler.generate([problems[i].prompt for i in idx], params,
+                                keys=[problems[i].id for i in idx])
+        verdicts = iter(task.score_many([(problems[i], c.text)
+                                         for i, row in zip(idx, rows) for c in row]))
+        for i, row in zip(idx, rows):
+            plen = len(tokenizer(problems[i].prompt).input_ids)
+            for c in row:
+                spent[i] += plen + len(c.token_ids)
+                if next(verdicts).correct and found[i] is None:
+                    found[i] = {**record(problems[i]), "completion": c.text,
+                                "source": "resample"}
+    return found, spent, time.perf_counter() - t0
+
+
+def _recovered_rows(problems, zero, attempts) -> list[dict]:
+    """One verified trajectory (hard prefix + continuation) per recovered prompt."""
+    rows, done = [], set()
+    for a in attempts:
+        for c in a["continuations"]:
+            if c["correct"] and a["index"] not in done:
+                done.add(a["index"])
+                rows.append({**record(problems[a["index"]]),
+                             "completion": a["revised_prefix"] + c["text"],
+                             "source": "latent_revise", "prefix": a["revised_prefix"]})
+    return rows
+
+
+def _base_rollouts(cfg, problems, outs, correct, zero, count: int) -> list[dict]:
+    """``count`` correct search samples, one per prompt, of prompts that were not zero-hit
+    (a seeded choice of prompts and of the sample)."""
+    rng = random.Random(f"{cfg.search.seed}:base-rollouts")
+    solved = [i for i in range(len(problems)) if i not in set(zero)]
+    rng.shuffle(solved)
+    rows = []
+    for i in solved[:count]:
+        k = rng.choice(np.flatnonzero(correct[i]).tolist())
+        rows.append({**record(problems[i]), "completion": outs[i][k].text, "source": "base"})
+    return rows
+
+
+def _metrics(cfg, problems, zero, attempts, recovered, resampled, lr_cost, rs_cost, seconds,
+             base_count) -> dict:
+    rng = np.random.default_rng(cfg.search.seed)
+    ids = {problems[i].id for i in zero}
+    got_lr = {row["id"] for row in recovered}
+    lr_hits = [problems[i].id in got_lr for i in zero]
+    rs_hits = [resampled[i] is not None for i in zero]
+    diff = [float(a) - float(b) for a, b in zip(lr_hits, rs_hits)]
+    lo_hi = list(bootstrap_ci(np.array(diff), rng, cfg.bootstrap)) if diff else None
+    gain = [a["gold_logp"][-1] - a["gold_logp"][0] for a in attempts]
+    drop = [a["fail_logp"][0] - a["fail_logp"][-1] for a in attempts]
+    changed = sum(a["changed_tokens"] for a in attempts) / max(1, sum(a["prefix_tokens"]
+                                                                      for a in attempts))
+    return {
+        "problems": len(problems), "zero_hit": len(ids),
+        "zero_hit_share": len(ids) / max(1, len(problems)), "search_samples": cfg.search.n,
+        "latent_revise": {
+            "revisions": len(attempts), "recovered": sum(lr_hits),
+            "recovery_rate": _rate(lr_hits, rng, cfg.bootstrap),
+            "token_passes_mean": float(np.mean(list(lr_cost.values()))) if zero else 0.0,
+            "revision_passes_mean": (float(np.mean([a["revision_passes"] for a in attempts]))
+                                     if attempts else 0.0),
+            "gold_logp_gain_mean": float(np.mean(gain)) if gain else None,
+            "fail_logp_drop_mean": float(np.mean(drop)) if drop else None,
+            "changed_token_share": changed, "seconds": round(seconds["latent_revise_s"], 2),
+            "checked_steps_share": _checked_steps(recovered)},
+        "resample": {
+            "recovered": sum(rs_hits), "recovery_rate": _rate(rs_hits, rng, cfg.bootstrap),
+            "checked_steps_share": _checked_steps([r for r in resampled.values() if r]),
+            "token_passes_mean": float(np.mean(list(rs_cost.values()))) if zero else 0.0,
+            "seconds": round(seconds["resample_s"], 2)},
+        "difference": {"value": float(np.mean(diff)) if diff else None, "ci95": lo_hi},
+        "base_rollouts": base_count, "search_s": round(seconds["search_s"], 2),
+    }
+
+
+def _checked_steps(rows: list[dict]) -> float | None:
+    """The share of Countdown trajectories whose every written step checks (the verifier's
+    answer can be right after a garbled trace); None for other tasks or no rows."""
+    from es_llm.tasks.countdown_roles import first_wrong_step
+
+    rows = [r for r in rows if "numbers" in r and "target" in r]
+    if not rows:
+        return None
+    return float(np.mean([first_wrong_step(r["numbers"], r["target"], r["completion"]) is None
+                          for r in rows]))
+
+
+def _fmt(rate: dict) -> str:
+    if rate["value"] is None:
+        return "-"
+    lo, hi = rate["ci95"]
+    return f"{100 * rate['value']:.1f}% [{100 * lo:.1f}, {100 * hi:.1f}]"
+
+
+def _report(m: dict) -> str:
+    lr, rs, d = m["latent_revise"], m["resample"], m["difference"]
+    diff = "-" if d["value"] is None else (f"{100 * d['value']:+.1f} points "
+                                           f"[{100 * d['ci95'][0]:+.1f}, {100 * d['ci95'][1]:+.1f}]")
+    return "\n".join([
+        "# LatentRevise: recovery of zero-hit prompts", "",
+        f"{m['zero_hit']} of {m['problems']} prompts are zero-hit in {m['search_samples']} "
+        f"samples ({100 * m['zero_hit_share']:.1f}%).", "",
+        "| arm | recovered | rate [95% CI] | token passes per prompt | seconds |",
+        "|---|---|---|---|---|",
+        f"| LatentRevise | {lr['recovered']} | {_fmt(lr['recovery_rate'])} | "
+        f"{lr['token_passes_mean']:.0f} | {lr['seconds']:.1f} |",
+        f"| plain resampling | {rs['recovered']} | {_fmt(rs['recovery_rate'])} | "
+        f"{rs['token_passes_mean']:.0f} | {rs['seconds']:.1f} |", "",
+        f"LatentRevise minus resampling: {diff} (paired over zero-hit prompts).", "",
+        f"Revisions: {lr['revisions']}; the gold continuation's log-likelihood rose by "
+        f"{_num(lr['gold_logp_gain_mean'])} nats and the failed one's fell by "
+        f"{_num(lr['fail_logp_drop_mean'])} nats on average; "
+        f"{100 * lr['changed_token_share']:.1f}% of prefix tokens changed.", "",
+        f"Written trajectories whose every step checks (the answer alone decides the "
+        f"verdict): LatentRevise {_pct(lr['checked_steps_share'])}, resampling "
+        f"{_pct(rs['checked_steps_share'])}.", ""])
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{100 * x:.0f}%"
+
+
+def _num(x) -> str:
+    return "-" if x is None else f"{x:.2f}"

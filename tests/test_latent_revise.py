@@ -1,0 +1,334 @@
+"""LatentRevise: the Frank-Wolfe maths by hand, the soft prefix against the model itself, the
+cut of a rollout, the recovery command end to end, SFT on its output and GRPO's recovered
+rows."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from es_llm.cli import main
+from es_llm.tasks import Problem
+from gradient.batch import Rollout, RolloutBatch
+from gradient.latent_revise import (RevisionProblem, continuation_logp, frank_wolfe_step,
+                                    hard_decode, revise, revise_loss)
+from gradient.recovery import ReviseSettings, prefix_steps, split_rollout, step_spans
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# --- Frank-Wolfe by hand ------------------------------------------------------------------------
+
+def test_frank_wolfe_step_on_a_three_token_vocabulary():
+    w = torch.tensor([[1.0, 0.0, 0.0], [0.0, 0.0, 1.0]])
+    grad = torch.tensor([[0.5, -1.0, 0.2], [0.3, 0.1, 0.9]])
+    # k = 0: the textbook step size 2/2 = 1 goes all the way to the minimising vertex.
+    assert torch.equal(frank_wolfe_step(w, grad, 0), torch.tensor([[0.0, 1.0, 0.0],
+                                                                   [0.0, 1.0, 0.0]]))
+    # k = 1: gamma = 2/3; row 0 moves toward token 1, row 1 toward token 1 as well.
+    got = frank_wolfe_step(w, grad, 1)
+    assert torch.allclose(got, torch.tensor([[1 / 3, 2 / 3, 0.0], [0.0, 2 / 3, 1 / 3]]))
+    # k = 2 from there, gamma = 1/2, with token 1 not allowed: row 0 goes to token 2 (0.2 <
+    # 0.5), row 1 to token 0 (0.3 < 0.9).
+    allowed = torch.tensor([True, False, True])
+    got2 = frank_wolfe_step(got, grad, 2, allowed)
+    assert torch.allclose(got2, torch.tensor([[1 / 6, 1 / 3, 1 / 2], [1 / 2, 1 / 3, 1 / 6]]))
+    assert hard_decode(got2) == [2, 0]
+    # Ties go to the lower id.
+    assert hard_decode(torch.tensor([[0.5, 0.5, 0.0]])) == [0]
+
+
+def test_iterates_stay_on_the_simplex_after_every_step():
+    g = torch.Generator().manual_seed(0)
+    w = torch.nn.functional.one_hot(torch.tensor([3, 0, 7, 2]), 9).double()
+    allowed = torch.ones(9, dtype=torch.bool)
+    allowed[[0, 5]] = False
+    for k in range(60):
+        w = frank_wolfe_step(w, torch.randn(4, 9, generator=g, dtype=torch.float64), k, allowed)
+        assert torch.all(w >= 0)
+        assert torch.allclose(w.sum(-1), torch.ones(4, dtype=torch.float64), atol=1e-12)
+    # A vertex that is not allowed is never moved toward: row 1 started on token 0, and the
+    # first step (size 1) left it there with no weight.
+    assert float(w[1, 0]) == 0.0
+
+
+# --- the soft prefix against the model ----------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def ci_model(ci_testbed):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    model = AutoModelForCausalLM.from_pretrained(ci_testbed, dtype=torch.float32).eval()
+    return model, AutoTokenizer.from_pretrained(ci_testbed)
+
+
+def _logp(model, ids: list[int], start: int) -> float:
+    """Summed log-probability of ids[start:] given ids[:start], by ordinary teacher forcing."""
+    with torch.no_grad():
+        lp = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), -1)
+    return float(sum(lp[t - 1, ids[t]] for t in range(start, len(ids))))
+
+
+def test_one_hot_soft_prefix_gives_exactly_the_original_logits(ci_model):
+    model, tok = ci_model
+    prompt = tok("nums 7 3 4 make 25\n").input_ids
+    prefix = tok("7*3=21 21+", add_special_tokens=False).input_ids
+    E = model.get_input_embeddings().weight
+    w = torch.nn.functional.one_hot(torch.tensor(prefix), E.shape[0]).float()
+    with torch.no_grad():
+        soft = torch.cat([model.get_input_embeddings()(torch.tensor([prompt])), (w @ E)[None]], 1)
+        assert torch.equal(model(inputs_embeds=soft).logits,
+                           model(torch.tensor([prompt + prefix])).logits)
+
+
+def test_loss_pulls_toward_gold_and_pushes_away_from_the_failure(ci_model):
+    model, tok = ci_model
+    prompt = tok("nums 7 3 4 make 25\n").input_ids
+    prefix = tok("7*3=21 ", add_special_tokens=False).input_ids
+    gold = tok("21+4=25 <answer>7*3+4</answer>", add_special_tokens=False).input_ids
+    fail = tok("21-4=17 <answer>7*3-4</answer>", add_special_tokens=False).input_ids
+    E = model.get_input_embeddings().weight
+    w = torch.nn.functional.one_hot(torch.tensor(prefix), E.shape[0]).float()
+    with torch.no_grad():
+        p_emb = model.get_input_embeddings()(torch.tensor([prompt]))
+        for lam in (0.0, 0.5, 2.0):
+            loss, g, f = revise_loss(model, p_emb, w, gold, fail, lam)
+            want_g = _logp(model, prompt + prefix + gold, len(prompt + prefix))
+            want_f = _logp(model, prompt + prefix + fail, len(prompt + prefix))
+            assert float(g) == pytest.approx(want_g, rel=1e-5)
+            assert float(loss) == pytest.approx(-want_g + lam * (want_f if lam else 0.0),
+                                                rel=1e-5)
+            # The gold term enters with a minus (higher likelihood, lower loss), the failed one
+            # with lambda >= 0 (higher likelihood, higher loss); log-likelihoods are negative.
+            assert want_g < 0 and want_f < 0
+        assert float(continuation_logp(model, p_emb, [])) == 0.0
+
+
+def test_revision_lowers_its_loss_and_counts_its_token_passes(ci_model):
+    model, tok = ci_model
+    prompt = tok("nums 7 3 4 make 25\n").input_ids
+    problem = RevisionProblem(prompt, tok("7*4=28 ", add_special_tokens=False).input_ids,
+                              tok("21+4=25 <answer>7*3+4</answer>",
+                                  add_special_tokens=False).input_ids + [tok.eos_token_id],
+                              tok("28-3=25", add_special_tokens=False).input_ids)
+    allowed = torch.ones(model.get_input_embeddings().weight.shape[0], dtype=torch.bool)
+    allowed[tok.all_special_ids] = False
+    rev = revise(model, problem, steps=6, lam=0.5, first_step=4, allowed_V=allowed)
+    assert len(rev.losses) == 7 and len(rev.prefix_ids) == len(problem.prefix_ids)
+    assert torch.allclose(rev.weights_T_V.sum(-1), torch.ones(len(problem.prefix_ids)))
+    assert not set(rev.prefix_ids) & set(tok.all_special_ids)
+    assert all(p.grad is None for p in model.parameters())
+    context = len(problem.prompt_ids) + len(problem.prefix_ids)
+    per_step = 2 * context + len(problem.gold_ids) + len(problem.fail_ids)
+    assert rev.token_passes == 6 * 3 * per_step + per_step
+    assert min(rev.losses[1:]) < rev.losses[0]
+
+
+# --- cutting a rollout ----------------------------------------------------------------------
+
+def _problem(numbers, target, reference) -> Problem:
+    return Problem(id="p", prompt=f"nums {' '.join(map(str, numbers))} make {target}\n",
+                   gold={"numbers": numbers, "target": target}, difficulty=len(numbers),
+                   meta={"reference": reference})
+
+
+def test_a_rollout_is_cut_through_its_first_rejected_step():
+    ref = "7*3=21 21+4=25 <answer>7*3+4</answer>"
+    p = _problem([7, 3, 4], 25, ref)
+    failed = "7*3=21 21+3=24 <answer>7*3+3</answer>"
+    assert [failed[a:b] for a, b in step_spans(failed)] == ["7*3=21", "21+3=24",
+                                                            "<answer>7*3+3</answer>"]
+    # Step 2 uses the 3 twice: the prefix keeps it so the revision can repair it.
+    steps = prefix_steps(failed, p, ReviseSettings(cut="first_wrong"))
+    assert steps == 2
+    assert split_rollout(failed, ref, steps) == ("7*3=21 21+3=24 ", "<answer>7*3+3</answer>",
+                                                 "<answer>7*3+4</answer>")
+    # A wrong first step: prefix = that step, gold = the reference from its second step.
+    wrong = "7*4=28 28-3=25 <answer>7*4-3</answer>"
+    assert prefix_steps(wrong, _problem([7, 3, 5], 25, ref), ReviseSettings()) == 1
+    assert split_rollout(wrong, ref, 1) == ("7*4=28 ", "28-3=25 <answer>7*4-3</answer>",
+                                            "21+4=25 <answer>7*3+4</answer>")
+    # Fractions of the S steps (the answer counting as one), rounded up, at least one.
+    assert prefix_steps(failed, p, ReviseSettings(cut="fraction", cut_fraction=0.5)) == 2
+    assert prefix_steps(failed, p, ReviseSettings(cut="fraction", cut_fraction=0.1)) == 1
+    assert prefix_steps(failed, p, ReviseSettings(cut="fraction", cut_fraction=1.0)) == 3
+    assert split_rollout(failed, ref, 3) == (failed, "", "<answer>7*3+4</answer>")
+    assert prefix_steps("   ", p, ReviseSettings()) == 0
+
+
+@pytest.mark.parametrize("override, words", [
+    ("revise.steps=0", "at least 1"), ("revise.away_weight=-0.5", ">= 0"),
+    ("revise.cut_fraction=1.5", "beyond"), ("revise.cut_fraction=0", "beyond"),
+    ("revise.cut=middle", "middle"), ("search.n=0", "at least 1"),
+])
+def test_bad_settings_exit_2_before_anything_is_written(override, words, ci_testbed, tmp_path,
+                                                       capsys):
+    out = tmp_path / "lr"
+    assert main(["latent-revise", "--model", str(ci_testbed), "--out", str(out),
+                 "--no-progress", override]) == 2
+    assert not out.exists()
+    assert words in capsys.readouterr().err
+
+
+def test_a_model_without_a_usable_embedding_matrix_is_refused(ci_diffusion, ci_testbed,
+                                                              tmp_path, capsys):
+    out = tmp_path / "lr"
+    assert main(["latent-revise", "--model", str(ci_diffusion / "diffusion"), "--out",
+                 str(out), "--no-progress"]) == 2
+    assert "causal LM" in capsys.readouterr().err
+    assert main(["latent-revise", "--model", str(ci_testbed), "--task", "arithmetic",
+                 "--out", str(out), "--no-progress"]) == 2
+    assert "revise.cut=fraction" in capsys.readouterr().err
+    assert not out.exists()
+
+
+# --- the command end to end, SFT and GRPO on its output -----------------------------------------
+
+@pytest.fixture(scope="module")
+def recovery(ci_testbed, tmp_path_factory):
+    out = tmp_path_factory.mktemp("lr") / "run"
+    assert main(["latent-revise", "--model", str(ci_testbed), "--out", str(out),
+                 "--no-progress", "--limit", "40", "backend=hf", "search.n=8",
+                 "revise.steps=4", "revise.first_step=6", "revise.continuations=4",
+                 "bootstrap=50"]) == 0
+    return out
+
+
+@pytest.mark.slow
+def test_recovery_files_agree_with_each_other_and_the_verifier(recovery, ci_testbed):
+    from es_llm.tasks import TaskConfig, build_task
+
+    m = json.loads((recovery / "metrics.json").read_text())
+    attempts = [json.loads(x) for x in (recovery / "attempts.jsonl").open()]
+    recovered = [json.loads(x) for x in (recovery / "recovered.jsonl").open()]
+    resampled = [json.loads(x) for x in (recovery / "resampled.jsonl").open()]
+    base = [json.loads(x) for x in (recovery / "base_rollouts.jsonl").open()]
+    assert m["problems"] == 40 and m["zero_hit"] == len({a["problem_id"] for a in attempts})
+    assert m["zero_hit"] > 5
+    hits = {a["problem_id"] for a in attempts if any(c["correct"] for c in a["continuations"])}
+    assert {r["id"] for r in recovered} == hits
+    assert m["latent_revise"]["recovered"] == len(hits)
+    assert m["resample"]["recovered"] == len(resampled)
+    assert len(base) == min(len(recovered), 40 - m["zero_hit"])
+    assert not {r["id"] for r in base} & {a["problem_id"] for a in attempts}
+    rate = m["latent_revise"]["recovery_rate"]["value"]
+    assert rate == pytest.approx(len(hits) / m["zero_hit"])
+    # Every written trajectory passes the verifier; a recovered one starts with its revised
+    # prefix; each arm's cost is what its rows say.
+    task = build_task(TaskConfig(name="countdown", data=str(ci_testbed / "data" /
+                                                            "countdown_rl.jsonl")))
+    by_id = {p.id: p for p in task.problems()}
+    rows = recovered + resampled + base
+    assert all(s.correct for s in task.score_many([(by_id[r["id"]], r["completion"])
+                                                   for r in rows]))
+    task.close()
+    for r in recovered:
+        assert r["completion"].startswith(r["prefix"])
+    # The verdict reads the answer alone; how many written traces also check step by step.
+    from es_llm.tasks.countdown_roles import first_wrong_step
+    checked = [first_wrong_step(r["numbers"], r["target"], r["completion"]) is None
+               for r in resampled]
+    assert m["resample"]["checked_steps_share"] == pytest.approx(sum(checked) / len(checked))
+    spent = sum(a["revision_passes"] + a["continuation_passes"] for a in attempts)
+    assert m["latent_revise"]["token_passes_mean"] == pytest.approx(spent / m["zero_hit"])
+    report = (recovery / "report.md").read_text()
+    assert f"| LatentRevise | {len(hits)} |" in report
+    assert f"| plain resampling | {len(resampled)} |" in report
+
+
+@pytest.mark.slow
+def test_sft_on_trajectories_raises_their_likelihood(recovery, ci_testbed, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    data = recovery / "resampled.jsonl"
+    rows = [json.loads(x) for x in data.open()]
+    assert len(rows) >= 4
+    out = tmp_path / "sft"
+    assert main(["sft", "--config", str(ROOT / "configs" / "sft_countdown.yaml"), "--out",
+                 str(out), "--no-progress", f"model={ci_testbed}", f"data={data}", "epochs=4",
+                 "optim.lr=1e-3"]) == 0
+    tok = AutoTokenizer.from_pretrained(ci_testbed)
+
+    def nll(folder) -> float:
+        model = AutoModelForCausalLM.from_pretrained(folder).eval()
+        return -sum(_logp(model, tok(r["prompt"]).input_ids + tok(
+            r["completion"], add_special_tokens=False).input_ids + [tok.eos_token_id],
+            len(tok(r["prompt"]).input_ids)) for r in rows)
+
+    assert nll(out / "checkpoints" / "final") < 0.8 * nll(ci_testbed)
+    steps = [json.loads(x) for x in (out / "metrics.jsonl").open()]
+    assert len(steps) == 4 * -(-len(rows) // 16)
+    assert (out / "checkpoints" / "final" / "data" / "countdown_eval.jsonl").is_file()
+
+
+def test_sft_refuses_a_bad_data_file(ci_testbed, tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "nums 1 2 make 3\\n", "completion": "1+2=3"}\n{"prompt": 3}\n')
+    out = tmp_path / "sft"
+    assert main(["sft", "--model", str(ci_testbed), "--data", str(bad), "--out", str(out),
+                 "--no-progress"]) == 2
+    assert "line 2" in capsys.readouterr().err and not out.exists()
+
+
+def _rollout(problem, reward, group, correct=False):
+    return Rollout(prompt_ids=[1, 5], completion_ids=[6, 2], engine_logp=[-0.1, -0.2],
+                   reward=reward, correct=correct, problem=problem, group=group)
+
+
+def test_recovered_row_joins_only_a_group_without_success_with_its_advantages_by_hand():
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from gradient.config import GRPORunConfig, RecoveredSettings
+    from gradient.stages import StageInput, plan, recovered_rows
+
+    a, b = (Problem(id=i, prompt="x", gold=None, difficulty=0) for i in ("a", "b"))
+    batch = RolloutBatch.of([_rollout(a, 0.0, 0) for _ in range(4)]
+                            + [_rollout(b, 1.0, 1, True)] + [_rollout(b, 0.0, 1)] * 3)
+    cfg = GRPORunConfig(model="m")
+    edges = SimpleNamespace(recovered={"a": ([1, 5], [7, 8, 2], 1.0), "b": ([1, 5], [9, 2], 1.0)})
+    out, m = recovered_rows(StageInput(edges, cfg, SimpleNamespace(step=0)), batch)
+    assert len(out) == 9 and m == {"recovered/rows": 1.0, "recovered/zero_hit_groups": 1.0}
+    # Group a: rewards 0,0,0,0,1: mean 0.2, Bessel std sqrt(0.8 / 4); b is untouched.
+    std = (0.8 / 4) ** 0.5
+    assert [r.adv for r in out[:5]] == pytest.approx([-0.2 / std] * 4 + [0.8 / std], rel=1e-5)
+    extra = out[4]
+    assert extra.off_policy and extra.correct and extra.engine_logp is None
+    assert extra.completion_ids == [7, 8, 2] and extra.group == 0 and extra.problem is a
+    assert [r.adv for r in out[5:]] == [0.0] * 4
+    # The plan has the stage only when the run names a recovered set.
+    edges = SimpleNamespace(teachers={}, ref_model=None)
+    named = GRPORunConfig(model="m", algo=replace(cfg.algo, recovered=RecoveredSettings("f")))
+    assert "recovered_rows" in plan(named, edges).birth
+    assert "recovered_rows" not in plan(cfg, edges).birth
+
+
+@pytest.mark.slow
+def test_grpo_trains_on_recovered_rows(recovery, ci_testbed, tmp_path):
+    out = tmp_path / "grpo"
+    data = recovery / "resampled.jsonl"
+    assert main(["grpo", "--config", str(ROOT / "configs" / "grpo_latent_revise_countdown.yaml"),
+                 "--out", str(out), "--no-progress", f"model={ci_testbed}",
+                 f"algo.recovered.data={data}", "task.limit=40", "steps=3", "backend=hf",
+                 "rollout.prompts_per_step=8", "rollout.group_size=4",
+                 "rollout.max_tokens=32"]) == 0
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").open()]
+    assert sum(r["recovered/rows"] for r in rows) > 0
+    assert all(r["recovered/rows"] <= r["recovered/zero_hit_groups"] for r in rows)
+
+
+def test_grpo_refuses_a_recovered_file_the_verifier_rejects(ci_testbed, tmp_path, capsys):
+    rl = [json.loads(x) for x in (ci_testbed / "data" / "countdown_rl.jsonl").open()]
+    bad = tmp_path / "recovered.jsonl"
+    bad.write_text(json.dumps({**rl[0], "completion": "<answer>1+1</answer>"}) + "\n")
+    out = tmp_path / "grpo"
+    assert main(["grpo", "--config", str(ROOT / "configs" / "grpo_latent_revise_countdown.yaml"),
+                 "--out", str(out), "--no-progress", f"model={ci_testbed}", "backend=hf",
+                 f"algo.recovered.data={bad}"]) == 2
+    assert "fail the task's verifier" in capsys.readouterr().err and not out.exists()
+    assert main(["grpo", "--config", str(ROOT / "configs" / "grpo_latent_revise_countdown.yaml"),
+                 "--out", str(out), "--no-progress", f"model={ci_testbed}", "backend=hf",
+                 f"algo.recovered.data={bad}", "algo.dynamic_sampling.enabled=true"]) == 2
+    assert "dynamic sampling drops" in capsys.readouterr().err and not out.exists()
