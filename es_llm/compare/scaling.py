@@ -1,0 +1,258 @@
+"""The pretraining-to-post-training study's analysis, figures and report
+(``scripts/scaling_study.py`` collects the numbers; this turns them into ``scaling.json``,
+``report.md``, ``report.html`` and ``figures/``).
+
+The questions, after the source abstract (chess as a controlled testbed: post-RL performance
+predicted by pretraining loss, the RL reward curve's slope growing about linearly with
+pretraining tokens, RL amplifying moves the policy already preferred on easy puzzles and
+surfacing nearly absent ones on hard puzzles), each asked of GRPO and of ES:
+
+* **Accuracy against pretraining loss**: held-out pass@1 after post-training (seed means)
+  against each build's held-out-stream loss, a least-squares line with t intervals and a
+  confidence band (``es_llm.metrics.fits``).
+* **Reward slope against pretraining tokens**: each run's least-squares slope of training
+  reward against generated samples (per 1,000 samples), seed means per build, fitted
+  against the build's pretraining tokens (millions).
+* **Change by base difficulty**: every (build, held-out problem) pair binned by the base
+  model's log-probability of the problem's reference answer; per bin, the mean change of
+  per-problem accuracy (c/n after minus before) and the share of the base's never-solved
+  problems the method solves, with bootstrap intervals over pairs.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+from es_llm.io import write_json_atomic, write_text_atomic
+from es_llm.metrics.fits import curve_slope, line_band, linear_fit
+from es_llm.metrics.passk import bootstrap_ci
+
+METHODS = ("grpo", "es")
+# Bin edges of the base log10-probability of the reference answer: nearly absent, rare,
+# plausible, already preferred.
+LOG10_EDGES = (-4.0, -2.0, -0.5)
+BIN_LABELS = ("p < 1e-4", "1e-4 <= p < 1e-2", "1e-2 <= p < 0.32", "p >= 0.32")
+
+
+def _seed_mean(models: dict, method: str, key: str) -> float | None:
+    vals = [m[key] for name, m in models.items() if name.split("@")[0] == method]
+    return float(np.mean(vals)) if vals else None
+
+
+def run_slope(curve: dict) -> float:
+    """Reward gained per 1,000 generated samples along one run (least squares)."""
+    return 1000.0 * curve_slope(curve["samples"], curve["reward"])
+
+
+def _fit_or_none(x: list, y: list) -> dict | None:
+    pts = [(a, b) for a, b in zip(x, y) if a is not None and b is not None]
+    if len(pts) < 3 or len({a for a, _ in pts}) < 2:
+        return None
+    return linear_fit([a for a, _ in pts], [b for _, b in pts])
+
+
+def build_rows(cells: list[dict]) -> list[dict]:
+    """One row per build: its size, tokens, loss, and the seed-mean accuracies and slopes."""
+    rows = []
+    for c in cells:
+        row = {k: c[k] for k in ("cell", "size", "parameters", "steps", "tokens",
+                                 "heldout_loss")}
+        row["base_pass@1"] = c["models"]["base"]["pass@1"]
+        row["base_pass@k"] = c["models"]["base"]["pass@k"]
+        for m in METHODS:
+            row[f"{m}_pass@1"] = _seed_mean(c["models"], m, "pass@1")
+            row[f"{m}_pass@k"] = _seed_mean(c["models"], m, "pass@k")
+            slopes = [run_slope(v) for k, v in c["curves"].items() if k.split("@")[0] == m]
+            row[f"{m}_slope"] = float(np.mean(slopes)) if slopes else None
+        rows.append(row)
+    return rows
+
+
+def difficulty_change(cells: list[dict], rng: np.random.Generator, resamples: int) -> dict:
+    """Per method and bin of the base's log-probability of the reference: the pairs, the
+    base's and the method's mean accuracy, the mean change and the share of the base's
+    never-solved pairs solved, with bootstrap intervals over pairs."""
+    base_logp, base_acc, method_acc = [], [], {m: [] for m in METHODS}
+    for c in cells:
+        n_b = c["models"]["base"]["n"]
+        base_logp += c["reference_logp"]
+        base_acc += [x / n_b for x in c["models"]["base"]["correct_P"]]
+        for m in METHODS:
+            seeds = [v for k, v in c["models"].items() if k.split("@")[0] == m]
+            method_acc[m] += (np.mean([[x / s["n"] for x in s["correct_P"]] for s in seeds],
+                                      axis=0).tolist() if seeds
+                              else [math.nan] * len(c["reference_logp"]))
+    log10 = np.asarray(base_logp) / math.log(10)
+    bins = np.digitize(log10, LOG10_EDGES)
+    base = np.asarray(base_acc)
+    out = {"labels": list(BIN_LABELS), "pairs": [int((bins == b).sum())
+                                                 for b in range(len(BIN_LABELS))]}
+    for m in METHODS:
+        acc = np.asarray(method_acc[m])
+        rows = []
+        for b in range(len(BIN_LABELS)):
+            sel = (bins == b) & np.isfinite(acc)
+            if not sel.any():
+                rows.append(None)
+                continue
+            change = acc[sel] - base[sel]
+            never = sel & (base == 0)
+            solved = (acc[never] > 0).astype(float)
+            rows.append({
+                "pairs": int(sel.sum()), "base": float(base[sel].mean()),
+                "after": float(acc[sel].mean()), "change": float(change.mean()),
+                "change_ci": list(bootstrap_ci(change, rng, resamples)),
+                "never_solved": int(never.sum()),
+                "newly_solved": float(solved.mean()) if solved.size else None,
+                "newly_solved_ci": (list(bootstrap_ci(solved, rng, resamples))
+                                    if solved.size else None)})
+        out[m] = rows
+    return out
+
+
+def analyze(cells: list[dict], rng: np.random.Generator, resamples: int = 1000) -> dict:
+    """Everything the report shows, JSON-ready, from the collected builds."""
+    rows = build_rows(cells)
+    loss = [r["heldout_loss"] for r in rows]
+    tokens_m = [r["tokens"] / 1e6 for r in rows]
+    fits = {m: _fit_or_none(loss, [r[f"{m}_pass@1"] for r in rows]) for m in ("base", *METHODS)}
+    slopes = {m: _fit_or_none(tokens_m, [r[f"{m}_slope"] for r in rows]) for m in METHODS}
+    return {"builds": rows, "accuracy_vs_loss": fits, "slope_vs_tokens": slopes,
+            "difficulty": difficulty_change(cells, rng, resamples)}
+
+
+# --- report ------------------------------------------------------------------------------------
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def _ci(lo_hi, scale: float = 1.0, digits: int = 3) -> str:
+    return "-" if lo_hi is None else f"[{scale * lo_hi[0]:+.{digits}f}, {scale * lo_hi[1]:+.{digits}f}]"
+
+
+def _fit_cell(fit: dict | None, scale: float = 1.0) -> list[str]:
+    if fit is None:
+        return ["-", "-", "-", "-"]
+    verdict = ("excludes 0" if fit["slope_ci"][0] > 0 or fit["slope_ci"][1] < 0
+               else "includes 0")
+    r2 = "-" if fit["r2"] is None else f"{fit['r2']:.2f}"
+    return [f"{scale * fit['slope']:+.3f}", _ci(fit["slope_ci"], scale), r2, verdict]
+
+
+def blocks(result: dict, figures: dict[str, str], title: str) -> list[tuple]:
+    rows = result["builds"]
+    out = [("h", 1, title),
+           ("p", f"{len(rows)} builds. Accuracy is held-out pass@1 (seed means after "
+                 f"post-training); the reward slope is training reward per 1,000 generated "
+                 f"samples."),
+           ("table", ["build", "parameters", "pretraining steps", "tokens (M)",
+                      "held-out loss", "base pass@1", "GRPO pass@1", "ES pass@1",
+                      "base pass@k", "GRPO pass@k", "ES pass@k", "GRPO slope", "ES slope"],
+            [[r["cell"], f"{r['parameters']:,}", str(r["steps"]), f"{r['tokens'] / 1e6:.2f}",
+              f"{r['heldout_loss']:.4f}", _pct(r["base_pass@1"]), _pct(r["grpo_pass@1"]),
+              _pct(r["es_pass@1"]), _pct(r["base_pass@k"]), _pct(r["grpo_pass@k"]),
+              _pct(r["es_pass@k"]), _num(r["grpo_slope"]), _num(r["es_slope"])]
+             for r in rows]),
+           ("h", 2, "Accuracy against pretraining loss"),
+           ("table", ["model", "slope (pass@1 per nat)", "95% CI", "R^2", "the interval"],
+            [[m] + _fit_cell(result["accuracy_vs_loss"][m]) for m in ("base", *METHODS)]),
+           ("img", figures["loss"], "Held-out pass@1 against each build's held-out-stream loss, "
+                                    "least-squares lines with 95% confidence bands."),
+           ("h", 2, "Reward slope against pretraining tokens"),
+           ("table", ["method", "slope (reward per 1k samples per M tokens)", "95% CI", "R^2",
+                      "the interval"],
+            [[m] + _fit_cell(result["slope_vs_tokens"][m]) for m in METHODS]),
+           ("img", figures["slope"], "Each build's training-reward slope against its "
+                                     "pretraining tokens, with the fitted lines.")]
+    d = result["difficulty"]
+    out += [("h", 2, "Change by base difficulty"),
+            ("p", "Every (build, held-out problem) pair, binned by the base model's probability "
+                  "of the problem's reference answer. Change: mean per-problem accuracy after "
+                  "minus before; newly solved: share of the base's never-solved pairs the "
+                  "method solves at least once.")]
+    for m in METHODS:
+        out.append(("table", [f"{m}: bin", "pairs", "base", "after", "change", "95% CI",
+                              "never solved", "newly solved", "95% CI"],
+                    [[label] + (["0", "-", "-", "-", "-", "-", "-", "-"] if r is None else
+                                [str(r["pairs"]), _pct(r["base"]), _pct(r["after"]),
+                                 f"{100 * r['change']:+.1f} pts", _ci(r["change_ci"], 100, 1),
+                                 str(r["never_solved"]), _pct(r["newly_solved"]),
+                                 _ci(r["newly_solved_ci"], 100, 1)])
+                     for label, r in zip(d["labels"], d[m])]))
+    out.append(("img", figures["difficulty"], "Mean accuracy change per bin of the base's "
+                                              "probability of the reference answer."))
+    return out
+
+
+def _num(x: float | None) -> str:
+    return "-" if x is None else f"{x:+.4f}"
+
+
+def draw(result: dict, folder: Path) -> dict[str, str]:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    folder.mkdir(parents=True, exist_ok=True)
+    rows, colors = result["builds"], {"base": "#777777", "grpo": "#d62728", "es": "#1f77b4"}
+    names = {}
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    for m in ("base", *METHODS):
+        pts = [(r["heldout_loss"], r[f"{m}_pass@1"]) for r in rows if r[f"{m}_pass@1"] is not None]
+        ax.scatter([x for x, _ in pts], [y for _, y in pts], color=colors[m], label=m, s=20)
+        fit = result["accuracy_vs_loss"][m]
+        if fit is not None:
+            xs = np.linspace(min(x for x, _ in pts), max(x for x, _ in pts), 50)
+            lo, hi = line_band(fit, xs)
+            ax.plot(xs, fit["intercept"] + fit["slope"] * xs, color=colors[m], lw=1)
+            ax.fill_between(xs, lo, hi, color=colors[m], alpha=0.12)
+    ax.set_xlabel("held-out pretraining loss (nats per token)")
+    ax.set_ylabel("held-out pass@1")
+    ax.legend()
+    names["loss"] = _save(fig, folder / "accuracy_vs_loss.png")
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    for m in METHODS:
+        pts = [(r["tokens"] / 1e6, r[f"{m}_slope"]) for r in rows if r[f"{m}_slope"] is not None]
+        ax.scatter([x for x, _ in pts], [y for _, y in pts], color=colors[m], label=m, s=20)
+        fit = result["slope_vs_tokens"][m]
+        if fit is not None:
+            xs = np.linspace(min(x for x, _ in pts), max(x for x, _ in pts), 50)
+            ax.plot(xs, fit["intercept"] + fit["slope"] * xs, color=colors[m], lw=1)
+    ax.set_xlabel("pretraining tokens (millions)")
+    ax.set_ylabel("training reward per 1k samples")
+    ax.legend()
+    names["slope"] = _save(fig, folder / "slope_vs_tokens.png")
+    fig, ax = plt.subplots(figsize=(6.5, 4.0))
+    d, width = result["difficulty"], 0.38
+    for i, m in enumerate(METHODS):
+        vals = [0.0 if r is None else 100 * r["change"] for r in d[m]]
+        ax.bar(np.arange(len(vals)) + (i - 0.5) * width, vals, width, color=colors[m], label=m)
+    ax.set_xticks(range(len(d["labels"])), d["labels"], fontsize=8)
+    ax.axhline(0, color="black", lw=0.5)
+    ax.set_ylabel("accuracy change (points)")
+    ax.legend()
+    names["difficulty"] = _save(fig, folder / "difficulty.png")
+    return names
+
+
+def _save(fig, path: Path) -> str:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, metadata={"Software": None})
+    import matplotlib.pyplot as plt
+    plt.close(fig)
+    return path.name
+
+
+def write(result: dict, out: Path, title: str) -> None:
+    """``scaling.json``, ``report.md``, ``report.html`` and ``figures/`` in ``out``."""
+    from es_llm.compare.report import to_html, to_markdown
+
+    figures = draw(result, out / "figures")
+    items = blocks(result, figures, title)
+    write_json_atomic(out / "scaling.json", {**result, "figures": figures})
+    write_text_atomic(out / "report.md", to_markdown(items))
+    write_text_atomic(out / "report.html", to_html(items))

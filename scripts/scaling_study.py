@@ -1,0 +1,335 @@
+"""The controlled pretraining-to-post-training study in one command: a grid of testbed builds
+over model size and pretraining steps, each build's loss on a held-out stream, an SFT stage on
+worked traces where the domain has them, a fixed-budget GRPO run and a fixed-budget ES run
+from every build, every model evaluated on the domain's held-out set, and the analysis
+(``es_llm.compare.scaling``): post-training accuracy against pretraining loss, reward-curve
+slopes against pretraining tokens, and the change per problem by the base model's
+probability of the reference answer.
+
+    python scripts/scaling_study.py --config configs/scaling_countdown.yaml --out runs/scaling
+
+Each stage is a plain `es-llm` command (printed, appended to OUT/commands.txt) and is skipped
+when its output is complete, so rerunning the command finishes an interrupted study. Builds
+are testbed builds, cached by their config like every testbed. Writes OUT/builds/<cell>/
+(the build and study.json: held-out loss, tokens, the base's reference log-probabilities),
+OUT/sft/<cell>/, OUT/runs/<cell>/<method>-seed<k>/, OUT/eval/<cell>/<model>/ and the report
+in OUT/report/ (report.md, report.html, figures/, scaling.json with every number).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from es_llm.config import check_choices, choice, dump_yaml, load_config, to_dict
+from es_llm.errors import BadInput
+from es_llm.evaluate import SamplingConfig
+from es_llm.io import complete_jsonl_rows, read_jsonl, write_json_atomic, write_jsonl_atomic
+from es_llm.testbed.config import ModelShape, load_testbed_config
+from es_llm.testbed.scaling import DOMAINS
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Trainer:
+    # Training config (a YAML under configs/), its overrides, and the run's length: GRPO
+    # steps or ES iterations, the same for every build (a fixed post-training budget).
+    config: str = ""
+    overrides: tuple[str, ...] = ()
+    length: int = 10
+
+    def __post_init__(self):
+        if not self.config or self.length < 2:
+            raise BadInput(f"grpo and es need a config (a YAML under configs/) and a length "
+                           f">= 2 (a reward slope needs two points), got "
+                           f"config={self.config!r}, length={self.length}.")
+
+
+@dataclass(frozen=True)
+class SFTStage:
+    # Between pretraining and RL, SFT on freshly generated worked traces (Countdown only:
+    # chess completions here are the move alone), `traces` rows for `epochs` epochs.
+    enabled: bool = True
+    traces: int = 2000
+    epochs: int = 1
+    batch_size: int = 32
+    lr: float = 3e-4
+
+    def __post_init__(self):
+        if self.traces < 1 or self.epochs < 1 or self.batch_size < 1 or not self.lr > 0:
+            raise BadInput("sft needs traces, epochs and batch_size >= 1 and lr > 0.")
+
+
+@dataclass(frozen=True)
+class ScalingConfig:
+    # The domain: countdown (the student's mix) or chess (the chess domain model).
+    domain: str = choice("countdown", lambda: tuple(DOMAINS))
+    # Testbed preset every build starts from, and overrides applied to all of them.
+    testbed: str = "default"
+    testbed_overrides: tuple[str, ...] = ("teachers.enabled=false",)
+    # Model shapes by name (ModelShape fields; head size hidden_size / num_heads in 32, 64, ...)
+    # and pretraining steps: every size is built at every step count.
+    sizes: dict[str, ModelShape] = field(default_factory=dict)
+    pretrain_steps: tuple[int, ...] = ()
+    # Examples of the held-out stream each build's loss is measured on.
+    heldout_examples: int = 512
+    sft: SFTStage = field(default_factory=SFTStage)
+    grpo: Trainer = field(default_factory=lambda: Trainer("configs/grpo_countdown.yaml"))
+    es: Trainer = field(default_factory=lambda: Trainer("configs/es_countdown.yaml"))
+    # MPI ranks of the ES runs (`mpirun -n ranks`; 1 = no mpirun).
+    ranks: int = 1
+    # Training seeds of every build, and further seeds for the builds named in
+    # more_seeds_for (cell names <size>-<steps>).
+    seeds: tuple[int, ...] = (0,)
+    more_seeds: tuple[int, ...] = (1, 2)
+    more_seeds_for: tuple[str, ...] = ()
+    # How every model is sampled on the held-out set (pass@1 and pass@n), on how many
+    # problems (null = all) and with which backend.
+    eval: SamplingConfig = field(default_factory=lambda: SamplingConfig(n=16))
+    eval_limit: int | None = None
+    eval_backend: str = choice("auto", lambda: ("auto", "hf", "vllm"))
+    bootstrap: int = 1000
+
+    def __post_init__(self):
+        check_choices(self)
+        if not self.sizes or not self.pretrain_steps:
+            raise BadInput("the grid is empty: give at least one model size (sizes: {name: "
+                           "{hidden_size: ..., num_layers: ..., ...}}) and one pretraining "
+                           "step count (pretrain_steps: [500, 1000]).")
+        if any(isinstance(s, bool) or not isinstance(s, int) or s < 1
+               for s in self.pretrain_steps):
+            raise BadInput(f"pretrain_steps must be positive whole numbers, got "
+                           f"{list(self.pretrain_steps)}.")
+        for name in self.sizes:
+            if not name.replace("_", "").isalnum():
+                raise BadInput(f"size name {name!r} must be letters, digits and _.")
+        unknown = sorted(set(self.more_seeds_for) - set(self.cells()))
+        if unknown:
+            raise BadInput(f"more_seeds_for names {unknown}, which are not cells of the grid "
+                           f"({', '.join(self.cells())}).")
+        if self.heldout_examples < 1 or self.ranks < 1 or self.bootstrap < 10:
+            raise BadInput("heldout_examples and ranks must be >= 1 and bootstrap >= 10.")
+
+    def cells(self) -> list[str]:
+        return [f"{size}-{steps}" for size in self.sizes for steps in self.pretrain_steps]
+
+    def seeds_of(self, cell: str) -> tuple[int, ...]:
+        return self.seeds + (self.more_seeds if cell in self.more_seeds_for else ())
+
+
+def build_overrides(cfg: ScalingConfig, size: str, steps: int) -> list[str]:
+    """The testbed overrides of one build: the shape and steps of the studied model."""
+    section = DOMAINS[cfg.domain]
+    prefix = f"{section}." if section else ""
+    shape = to_dict(cfg.sizes[size])
+    out = list(cfg.testbed_overrides) + ([f"{section}.enabled=true"] if section else [])
+    out += [f"{prefix}model.{k}={v}" for k, v in shape.items()]
+    return out + [f"{prefix}train.steps={steps}"]
+
+
+def check(cfg: ScalingConfig) -> None:
+    """Every build's testbed config loads, and the two training configs load, before any
+    command runs."""
+    from es_llm.es.config import ESRunConfig
+    from gradient.config import GRPORunConfig
+
+    for size in cfg.sizes:
+        for steps in cfg.pretrain_steps:
+            load_testbed_config(cfg.testbed, None, build_overrides(cfg, size, steps))
+    load_config(GRPORunConfig, path=ROOT / cfg.grpo.config, overrides=list(cfg.grpo.overrides))
+    load_config(ESRunConfig, path=ROOT / cfg.es.config, overrides=list(cfg.es.overrides))
+
+
+class Runner:
+    """Runs stage commands, echoing them and keeping OUT/commands.txt as the record."""
+
+    def __init__(self, out: Path):
+        self.log = out / "commands.txt"
+
+    def __call__(self, cmd: list[str]) -> None:
+        line = " ".join(map(str, cmd))
+        print(f"[scaling] {line}", flush=True)
+        with open(self.log, "a") as f:
+            f.write(line + "\n")
+        t0 = time.time()
+        if subprocess.run(list(map(str, cmd))).returncode != 0:
+            raise SystemExit(f"[scaling] failed: {line}")
+        print(f"[scaling] done in {time.time() - t0:.0f} s", flush=True)
+
+
+def _done(folder: Path, length: int) -> bool:
+    """A finished run of at least ``length`` logged steps."""
+    return ((folder / "checkpoints" / "final" / "config.json").is_file()
+            and len(complete_jsonl_rows(folder / "metrics.jsonl")) >= length)
+
+
+def measure(cfg: ScalingConfig, build: Path, base: Path, size: str, steps: int) -> dict:
+    """study.json of a build: parameters, held-out-stream loss, tokens, and the base's
+    log-probability of every evaluated problem's reference answer."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from es_llm.tasks import TaskConfig, build_task
+    from es_llm.testbed.scaling import heldout_loss, reference_logprobs, stream
+
+    tb = load_testbed_config(cfg.testbed, None, build_overrides(cfg, size, steps))
+    model = AutoModelForCausalLM.from_pretrained(build, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(build)
+    loss, per_example = heldout_loss(model, tokenizer, stream(cfg.domain, tb),
+                                     cfg.heldout_examples, tb.seed)
+    schedule = getattr(tb, DOMAINS[cfg.domain]).train if DOMAINS[cfg.domain] else tb.train
+    task = build_task(TaskConfig(name=cfg.domain, data=str(build / "data" /
+                                                           f"{cfg.domain}_eval.jsonl"),
+                                 limit=cfg.eval_limit))
+    problems = task.problems()
+    task.close()
+    return {"cell": f"{size}-{steps}", "size": size, "steps": steps,
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "heldout_loss": loss, "tokens_per_example": per_example,
+            "tokens": steps * schedule.batch_size * per_example,
+            "problem_ids": [p.id for p in problems],
+            "reference_logp": reference_logprobs(base, problems)}
+
+
+def _es_llm(kind: str, cfg: ScalingConfig) -> list[str]:
+    cmd = [sys.executable, "-m", "es_llm", kind]
+    if kind == "es" and cfg.ranks > 1:
+        mpirun = shutil.which("mpirun", path=str(Path(sys.executable).parent)) or "mpirun"
+        cmd = [mpirun, "-n", str(cfg.ranks)] + cmd
+    return cmd
+
+
+def _eval(cfg: ScalingConfig, model: Path, data: Path, out: Path, run) -> None:
+    if (out / "metrics.json").is_file():
+        return
+    e = cfg.eval
+    cmd = [sys.executable, "-m", "es_llm", "eval", "--model", model, "--task", cfg.domain,
+           "--data", data, "--n", e.n, "--temperature", e.temperature, "--top-p", e.top_p,
+           "--max-tokens", e.max_tokens, "--seed", e.seed, "--backend", cfg.eval_backend,
+           "--out", out, "--no-progress"]
+    run(cmd + (["--limit", cfg.eval_limit] if cfg.eval_limit else []))
+
+
+def run_cell(cfg: ScalingConfig, out: Path, size: str, steps: int, run) -> dict:
+    """Every stage of one build; its collected numbers."""
+    cell = f"{size}-{steps}"
+    folder = out / "builds" / cell
+    if not (folder / "testbed.json").is_file():
+        run([sys.executable, "-m", "es_llm", "testbed", "--size", cfg.testbed, "--out", folder,
+             "--no-progress", *build_overrides(cfg, size, steps)])
+    build = folder / DOMAINS[cfg.domain]
+    base = build
+    if cfg.sft.enabled and cfg.domain == "countdown":
+        base = out / "sft" / cell / "checkpoints" / "final"
+        if not base.is_dir():
+            shutil.rmtree(out / "sft" / cell, ignore_errors=True)
+            s = cfg.sft
+            run([sys.executable, "-m", "es_llm", "sft", "--config",
+                 ROOT / "configs" / "sft_countdown.yaml", "--out", out / "sft" / cell,
+                 "--no-progress", f"model={build}", f"data={out / 'sft_traces.jsonl'}",
+                 f"epochs={s.epochs}", f"batch_size={s.batch_size}", f"optim.lr={s.lr}"])
+    if not (folder / "study.json").is_file():
+        write_json_atomic(folder / "study.json", measure(cfg, build, base, size, steps))
+    study = json.loads((folder / "study.json").read_text())
+    data = build / "data" / f"{cfg.domain}_eval.jsonl"
+    models = {"base": base}
+    for seed in cfg.seeds_of(cell):
+        for kind, trainer, key in (("grpo", cfg.grpo, "steps"), ("es", cfg.es, "iterations")):
+            run_dir = out / "runs" / cell / f"{kind}-seed{seed}"
+            if not _done(run_dir, trainer.length):
+                shutil.rmtree(run_dir, ignore_errors=True)
+                shutil.rmtree(out / "eval" / cell / f"{kind}@{seed}", ignore_errors=True)
+                run(_es_llm(kind, cfg) + ["--config", ROOT / trainer.config, "--out", run_dir,
+                                          "--no-progress", f"model={base}", f"seed={seed}",
+                                          f"{key}={trainer.length}", *trainer.overrides])
+            models[f"{kind}@{seed}"] = run_dir / "checkpoints" / "final"
+    for name, model in models.items():
+        _eval(cfg, model, data, out / "eval" / cell / name, run)
+    return collect(study, out, models)
+
+
+def collect(study: dict, out: Path, models: dict) -> dict:
+    """A cell's numbers: study.json plus each model's pass@1, pass@n and per-problem correct
+    counts (in the study's problem order), and each run's reward curve."""
+    cell = study["cell"]
+    result = {**{k: study[k] for k in ("cell", "size", "steps", "parameters", "heldout_loss",
+                                       "tokens", "reference_logp")},
+              "models": {}, "curves": {}}
+    for name in models:
+        folder = out / "eval" / cell / name
+        metrics = json.loads((folder / "metrics.json").read_text())
+        n = metrics["num_samples"]
+        counts: dict[str, int] = {}
+        for row in read_jsonl(folder / "samples.jsonl"):
+            counts[row["problem_id"]] = counts.get(row["problem_id"], 0) + int(row["correct"])
+        result["models"][name] = {
+            "n": n, "pass@1": metrics["pass@1"]["value"], "pass@1_ci": metrics["pass@1"]["ci95"],
+            "pass@k": metrics[f"pass@{n}"]["value"], "pass@k_ci": metrics[f"pass@{n}"]["ci95"],
+            "correct_P": [counts[pid] for pid in study["problem_ids"]]}
+        if name != "base":
+            kind, seed = name.split("@")
+            rows = complete_jsonl_rows(out / "runs" / cell / f"{kind}-seed{seed}" /
+                                       "metrics.jsonl")
+            key = "es/reward_mean" if kind == "es" else "reward/mean"
+            result["curves"][name] = {"samples": [r["samples/generated"] for r in rows],
+                                      "reward": [r[key] for r in rows]}
+    return result
+
+
+def run(cfg: ScalingConfig, out: Path) -> dict:
+    from es_llm.compare import scaling
+
+    check(cfg)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "scaling.yaml").write_text(dump_yaml(cfg))
+    runner = Runner(out)
+    if cfg.sft.enabled and cfg.domain == "countdown" and not (out / "sft_traces.jsonl").is_file():
+        from es_llm.testbed.scaling import sft_traces
+        tb = load_testbed_config(cfg.testbed, None, list(cfg.testbed_overrides))
+        write_jsonl_atomic(out / "sft_traces.jsonl", sft_traces(tb, cfg.sft.traces, tb.seed))
+    t0 = time.time()
+    cells = [run_cell(cfg, out, size, steps, runner)
+             for size in cfg.sizes for steps in cfg.pretrain_steps]
+    result = scaling.analyze(cells, np.random.default_rng(cfg.eval.seed), cfg.bootstrap)
+    result["config"] = to_dict(cfg)
+    result["wall_s"] = round(time.time() - t0, 1)
+    scaling.write(result, out / "report", f"Pretraining to post-training: {cfg.domain}")
+    print(f"[scaling] wrote {out / 'report' / 'report.md'} and scaling.json")
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", required=True, metavar="FILE.yaml",
+                        help="study YAML (configs/scaling_countdown.yaml, scaling_chess.yaml, "
+                             "or their _ci variants)")
+    parser.add_argument("--out", required=True, metavar="DIR",
+                        help="study folder: builds/, sft/, runs/, eval/, report/, commands.txt")
+    parser.add_argument("overrides", nargs="*", metavar="key=value",
+                        help="config overrides with dotted keys, e.g. pretrain_steps=[250,500] "
+                             "grpo.length=20 eval.n=8")
+    args = parser.parse_args(argv)
+    try:
+        cfg = load_config(ScalingConfig, path=args.config, overrides=args.overrides)
+        if Path(args.out).exists() and not Path(args.out).is_dir():
+            raise BadInput(f"--out {args.out!r} exists and is not a folder.")
+        check(cfg)
+        run(cfg, Path(args.out))
+    except BadInput as exc:
+        print(f"scaling_study: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,188 @@
+"""The pretraining-to-post-training study: the straight-line fits by hand, the per-problem
+change by base difficulty by hand, the held-out loss against the model's own loss, the ci
+grid end to end (its report equals its JSON), and bad grids."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from es_llm.compare.scaling import analyze, difficulty_change, run_slope
+from es_llm.metrics.fits import curve_slope, line_band, linear_fit
+
+ROOT = Path(__file__).resolve().parents[1]
+CI_CONFIG = ROOT / "configs" / "scaling_countdown_ci.yaml"
+
+
+def test_linear_fit_by_hand():
+    # x = 1..4, y = 2, 4, 5, 8: x_mean 2.5, Sxx 5, Sxy 9.5 -> slope 1.9, intercept 0;
+    # residuals 0.1, 0.2, -0.7, 0.4: SSE 0.70, s^2 0.35; SST 18.75; t(0.975, 2) = 4.302653.
+    f = linear_fit([1, 2, 3, 4], [2, 4, 5, 8])
+    t, s = 4.302653, math.sqrt(0.35)
+    assert f["slope"] == pytest.approx(1.9) and f["intercept"] == pytest.approx(0.0, abs=1e-12)
+    assert f["t"] == pytest.approx(t, abs=1e-6)
+    assert f["slope_ci"] == pytest.approx([1.9 - t * s / math.sqrt(5), 1.9 + t * s / math.sqrt(5)])
+    half = t * math.sqrt(0.35 * (1 / 4 + 2.5 ** 2 / 5))
+    assert f["intercept_ci"] == pytest.approx([-half, half])
+    assert f["r2"] == pytest.approx(1 - 0.70 / 18.75)
+    lo, hi = line_band(f, [2.5, 1.0])
+    assert lo[0] == pytest.approx(4.75 - t * s * 0.5) and hi[0] == pytest.approx(4.75 + t * s * 0.5)
+    assert hi[1] - lo[1] > hi[0] - lo[0]  # the band widens away from the mean
+    assert curve_slope([0, 1, 2], [1, 3, 5]) == pytest.approx(2.0)
+    assert run_slope({"samples": [0, 500, 1000], "reward": [0.1, 0.2, 0.3]}) == pytest.approx(0.2)
+    for bad in (([1, 2], [1, 2]), ([1, 1, 1], [1, 2, 3]), ([1, 2, 3], [1, 2])):
+        with pytest.raises(ValueError):
+            linear_fit(*bad)
+
+
+def _cell(logp, base, grpo, es, n=4, loss=1.0, tokens=1e6, name="c"):
+    models = {"base": {"n": n, "pass@1": sum(base) / n / len(base), "pass@k": 0.0,
+                       "correct_P": base}}
+    models["grpo@0"] = {"n": n, "pass@1": sum(grpo) / n / len(grpo), "pass@k": 0.0,
+                        "correct_P": grpo}
+    models["es@0"] = {"n": n, "pass@1": sum(es) / n / len(es), "pass@k": 0.0, "correct_P": es}
+    return {"cell": name, "size": "s", "parameters": 1, "steps": 1, "tokens": tokens,
+            "heldout_loss": loss, "reference_logp": logp, "models": models,
+            "curves": {"grpo@0": {"samples": [0, 1000], "reward": [0.0, 0.1]},
+                       "es@0": {"samples": [0, 1000], "reward": [0.0, 0.0]}}}
+
+
+def test_change_by_base_difficulty_by_hand():
+    ln10 = math.log(10)
+    # Four problems: p = 1e-6 and 1e-5 (bin 0), 1e-3 (bin 1), 0.9 (bin 3); n = 4 samples.
+    logp = [-6 * ln10, -5 * ln10, -3 * ln10, math.log(0.9)]
+    cell = _cell(logp, base=[0, 0, 1, 3], grpo=[2, 0, 1, 4], es=[0, 1, 1, 3])
+    d = difficulty_change([cell], np.random.default_rng(0), 100)
+    assert d["pairs"] == [2, 1, 0, 1]
+    g0 = d["grpo"][0]
+    # Bin 0: base 0, 0; GRPO 2/4, 0: change (0.5 + 0) / 2; one of two never-solved solved.
+    assert (g0["base"], g0["after"], g0["change"]) == (0.0, 0.25, 0.25)
+    assert (g0["never_solved"], g0["newly_solved"]) == (2, 0.5)
+    assert d["grpo"][2] is None and d["grpo"][3]["change"] == pytest.approx(0.25)
+    assert d["es"][0]["newly_solved"] == 0.5 and d["es"][3]["change"] == 0.0
+    assert d["es"][3]["never_solved"] == 0 and d["es"][3]["newly_solved"] is None
+
+
+def test_analysis_fits_across_builds():
+    cells = [_cell([0.0], [1], [2], [1], loss=l, tokens=t, name=f"c{i}")
+             for i, (l, t) in enumerate([(1.0, 1e6), (0.8, 2e6), (0.5, 4e6)])]
+    r = analyze(cells, np.random.default_rng(0), 50)
+    assert [b["grpo_pass@1"] for b in r["builds"]] == [0.5, 0.5, 0.5]
+    assert r["accuracy_vs_loss"]["grpo"]["slope"] == pytest.approx(0.0, abs=1e-12)
+    assert r["slope_vs_tokens"]["grpo"]["slope"] == pytest.approx(0.0, abs=1e-12)
+    assert r["builds"][0]["grpo_slope"] == pytest.approx(0.1)
+
+
+def test_held_out_loss_is_the_models_own_loss_on_the_same_examples(ci_testbed):
+    import random
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from es_llm.testbed.config import load_testbed_config
+    from es_llm.testbed.scaling import heldout_loss, stream
+    from es_llm.testbed.train import completion_batch
+
+    model = AutoModelForCausalLM.from_pretrained(ci_testbed, dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(ci_testbed)
+    draw = stream("countdown", load_testbed_config("ci"))
+    loss, per_example = heldout_loss(model, tok, draw, 32, seed=5)
+    rng = random.Random("5:held-out-stream")
+    ids, labels = completion_batch([draw(rng) for _ in range(32)], tok)
+    with torch.no_grad():
+        want = model(input_ids=ids, attention_mask=(ids != tok.pad_token_id).long(),
+                     labels=labels).loss
+    assert loss == pytest.approx(float(want), rel=1e-5)
+    assert per_example == pytest.approx(float((ids != tok.pad_token_id).sum()) / 32)
+
+
+def _study(*args, timeout=1800):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / "scaling_study.py"), *map(str, args)],
+                          capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT)
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    out = tmp_path_factory.mktemp("scaling") / "out"
+    proc = _study("--config", CI_CONFIG, "--out", out)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return out
+
+
+@pytest.mark.slow
+def test_ci_grid_runs_end_to_end_and_its_report_equals_its_json(study):
+    result = json.loads((study / "report" / "scaling.json").read_text())
+    builds = result["builds"]
+    assert [b["cell"] for b in builds] == ["s-60", "s-120", "m-60", "m-120"]
+    assert builds[0]["parameters"] < builds[2]["parameters"]
+    report = (study / "report" / "report.md").read_text()
+    for b in builds:
+        row = next(line for line in report.splitlines() if line.startswith(f"| {b['cell']} |"))
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert cells[1] == f"{b['parameters']:,}" and cells[2] == str(b["steps"])
+        assert cells[4] == f"{b['heldout_loss']:.4f}"
+        for i, key in ((5, "base_pass@1"), (6, "grpo_pass@1"), (7, "es_pass@1")):
+            assert cells[i] == f"{100 * b[key]:.1f}%"
+        assert cells[11] == f"{b['grpo_slope']:+.4f}"
+    # Each build's loss is its own study.json's; more training, lower held-out loss.
+    for b in builds:
+        study_json = json.loads((study / "builds" / b["cell"] / "study.json").read_text())
+        assert study_json["heldout_loss"] == b["heldout_loss"]
+    assert builds[1]["heldout_loss"] < builds[0]["heldout_loss"]
+    fit = result["accuracy_vs_loss"]["base"]
+    line = next(x for x in report.splitlines() if x.startswith("| base |"))
+    assert f"{fit['slope']:+.3f}" in line
+    assert (f"{fit['r2']:.2f}" if fit["r2"] is not None else "| - |") in line
+    # The chosen cell has three seeds; the others one.
+    assert sorted(p.name for p in (study / "runs" / "m-120").iterdir()) == [
+        "es-seed0", "es-seed1", "grpo-seed0", "grpo-seed1"]
+    for name in ("accuracy_vs_loss.png", "slope_vs_tokens.png", "difficulty.png"):
+        assert (study / "report" / "figures" / name).stat().st_size > 5_000
+    assert (study / "report" / "report.html").is_file()
+
+
+@pytest.mark.slow
+def test_rerunning_the_study_skips_every_finished_stage(study):
+    before = (study / "commands.txt").read_text()
+    proc = _study("--config", CI_CONFIG, "--out", study)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (study / "commands.txt").read_text() == before
+
+
+@pytest.mark.parametrize("setting, message", [
+    ("sizes={}", "the grid is empty"),
+    ("pretrain_steps=[]", "the grid is empty"),
+    ("pretrain_steps=[0,10]", "positive whole numbers"),
+    ("sizes.s.hidden_size=0", "must be at least 1"),
+    ("domain=arithmetic", "'arithmetic'"),
+    ("more_seeds_for=[z-1]", "not cells of the grid"),
+])
+def test_bad_grids_are_refused_before_anything_is_written(setting, message, tmp_path):
+    proc = _study("--config", CI_CONFIG, "--out", tmp_path / "x", setting, timeout=300)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert proc.stderr.count("\n") == 1
+    assert not (tmp_path / "x").exists()
+
+
+def test_the_chess_grid_loads_and_names_its_builds():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import scaling_study
+    from es_llm.config import load_config
+
+    cfg = load_config(scaling_study.ScalingConfig, path=ROOT / "configs" / "scaling_chess.yaml")
+    assert len(cfg.cells()) == 12 and cfg.seeds_of("l-1000") == (0, 1, 2)
+    over = scaling_study.build_overrides(cfg, "xl", 500)
+    assert "chess.enabled=true" in over and "chess.model.hidden_size=192" in over
+    assert "chess.train.steps=500" in over
+    scaling_study.check(cfg)
+    countdown = load_config(scaling_study.ScalingConfig,
+                            path=ROOT / "configs" / "scaling_countdown.yaml")
+    assert "model.num_layers=6" in scaling_study.build_overrides(countdown, "xl", 250)
