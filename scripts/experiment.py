@@ -22,9 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,6 +32,7 @@ from es_llm.errors import BadInput
 from es_llm.es.config import ESRunConfig
 from es_llm.evaluate import SamplingConfig
 from es_llm.io import complete_jsonl_rows
+from es_llm.stage_runner import Runner, es_llm_command
 from es_llm.testbed.config import load_testbed_config
 from gradient.config import GRPORunConfig
 
@@ -190,32 +189,9 @@ def same_testbed(folder: Path, cfg: ExperimentConfig) -> bool:
     return info.get("fingerprint") == want.fingerprint() and info.get("size") == cfg.testbed
 
 
-class Runner:
-    """Runs stage commands, echoing them and keeping OUT/commands.txt as the record."""
-
-    def __init__(self, out: Path):
-        self.out = out
-        self.log = out / "commands.txt"
-
-    def __call__(self, cmd: list[str]) -> None:
-        line = " ".join(cmd)
-        print(f"[experiment] {line}", flush=True)
-        with open(self.log, "a") as f:
-            f.write(line + "\n")
-        t0 = time.time()
-        proc = subprocess.run(cmd)
-        if proc.returncode != 0:
-            raise SystemExit(f"[experiment] failed with status {proc.returncode}: {line}")
-        print(f"[experiment] done in {time.time() - t0:.0f} s", flush=True)
-
-
 def _es_llm(method: Method, cfg: ExperimentConfig) -> list[str]:
     """The command prefix of one method's trainer (ES under mpirun when ranks > 1)."""
-    cmd = [sys.executable, "-m", "es_llm", method.kind]
-    if method.kind == "es" and cfg.ranks > 1:
-        mpirun = shutil.which("mpirun", path=str(Path(sys.executable).parent)) or "mpirun"
-        cmd = [mpirun, "-n", str(cfg.ranks)] + cmd
-    return cmd
+    return es_llm_command(method.kind, cfg.ranks)
 
 
 def _length(method: Method, steps: int | None) -> list[str]:
@@ -296,7 +272,7 @@ def run(cfg: ExperimentConfig, out: Path) -> None:
     steps = plan(cfg)
     out.mkdir(parents=True, exist_ok=True)
     (out / "experiment.yaml").write_text(dump_yaml(cfg))
-    runner = Runner(out)
+    runner = Runner(out, "experiment")
     es_llm = [sys.executable, "-m", "es_llm"]
     testbed = out / "testbed"
     if not same_testbed(testbed, cfg):

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ from es_llm.config import check_choices, choice, dump_yaml, load_config, to_dict
 from es_llm.errors import BadInput
 from es_llm.evaluate import SamplingConfig
 from es_llm.io import complete_jsonl_rows, read_jsonl, write_json_atomic, write_jsonl_atomic
+from es_llm.stage_runner import Runner, es_llm_command
 from es_llm.testbed.config import ModelShape, load_testbed_config
 from es_llm.testbed.scaling import DOMAINS
 
@@ -149,23 +149,6 @@ def check(cfg: ScalingConfig) -> None:
     load_config(ESRunConfig, path=ROOT / cfg.es.config, overrides=list(cfg.es.overrides))
 
 
-class Runner:
-    """Runs stage commands, echoing them and keeping OUT/commands.txt as the record."""
-
-    def __init__(self, out: Path):
-        self.log = out / "commands.txt"
-
-    def __call__(self, cmd: list[str]) -> None:
-        line = " ".join(map(str, cmd))
-        print(f"[scaling] {line}", flush=True)
-        with open(self.log, "a") as f:
-            f.write(line + "\n")
-        t0 = time.time()
-        if subprocess.run(list(map(str, cmd))).returncode != 0:
-            raise SystemExit(f"[scaling] failed: {line}")
-        print(f"[scaling] done in {time.time() - t0:.0f} s", flush=True)
-
-
 def _done(folder: Path, length: int) -> bool:
     """A finished run of at least ``length`` logged steps."""
     return ((folder / "checkpoints" / "final" / "config.json").is_file()
@@ -200,22 +183,14 @@ def measure(cfg: ScalingConfig, build: Path, base: Path, size: str, steps: int) 
             "reference_logp": reference_logprobs(base, problems)}
 
 
-def _es_llm(kind: str, cfg: ScalingConfig) -> list[str]:
-    cmd = [sys.executable, "-m", "es_llm", kind]
-    if kind == "es" and cfg.ranks > 1:
-        mpirun = shutil.which("mpirun", path=str(Path(sys.executable).parent)) or "mpirun"
-        cmd = [mpirun, "-n", str(cfg.ranks)] + cmd
-    return cmd
-
-
 def _eval(cfg: ScalingConfig, model: Path, data: Path, out: Path, run) -> None:
     if (out / "metrics.json").is_file():
         return
     e = cfg.eval
-    cmd = [sys.executable, "-m", "es_llm", "eval", "--model", model, "--task", cfg.domain,
-           "--data", data, "--n", e.n, "--temperature", e.temperature, "--top-p", e.top_p,
-           "--max-tokens", e.max_tokens, "--seed", e.seed, "--backend", cfg.eval_backend,
-           "--out", out, "--no-progress"]
+    cmd = es_llm_command("eval") + [
+        "--model", model, "--task", cfg.domain, "--data", data, "--n", e.n, "--temperature",
+        e.temperature, "--top-p", e.top_p, "--max-tokens", e.max_tokens, "--seed", e.seed,
+        "--backend", cfg.eval_backend, "--out", out, "--no-progress"]
     run(cmd + (["--limit", cfg.eval_limit] if cfg.eval_limit else []))
 
 
@@ -224,8 +199,8 @@ def run_cell(cfg: ScalingConfig, out: Path, size: str, steps: int, run) -> dict:
     cell = f"{size}-{steps}"
     folder = out / "builds" / cell
     if not (folder / "testbed.json").is_file():
-        run([sys.executable, "-m", "es_llm", "testbed", "--size", cfg.testbed, "--out", folder,
-             "--no-progress", *build_overrides(cfg, size, steps)])
+        run(es_llm_command("testbed") + ["--size", cfg.testbed, "--out", folder,
+                                         "--no-progress", *build_overrides(cfg, size, steps)])
     build = folder / DOMAINS[cfg.domain]
     base = build
     if cfg.sft.enabled and cfg.domain == "countdown":
@@ -233,10 +208,10 @@ def run_cell(cfg: ScalingConfig, out: Path, size: str, steps: int, run) -> dict:
         if not base.is_dir():
             shutil.rmtree(out / "sft" / cell, ignore_errors=True)
             s = cfg.sft
-            run([sys.executable, "-m", "es_llm", "sft", "--config",
-                 ROOT / "configs" / "sft_countdown.yaml", "--out", out / "sft" / cell,
-                 "--no-progress", f"model={build}", f"data={out / 'sft_traces.jsonl'}",
-                 f"epochs={s.epochs}", f"batch_size={s.batch_size}", f"optim.lr={s.lr}"])
+            run(es_llm_command("sft") + [
+                "--config", ROOT / "configs" / "sft_countdown.yaml", "--out", out / "sft" / cell,
+                "--no-progress", f"model={build}", f"data={out / 'sft_traces.jsonl'}",
+                f"epochs={s.epochs}", f"batch_size={s.batch_size}", f"optim.lr={s.lr}"])
     if not (folder / "study.json").is_file():
         write_json_atomic(folder / "study.json", measure(cfg, build, base, size, steps))
     study = json.loads((folder / "study.json").read_text())
@@ -248,7 +223,7 @@ def run_cell(cfg: ScalingConfig, out: Path, size: str, steps: int, run) -> dict:
             if not _done(run_dir, trainer.length):
                 shutil.rmtree(run_dir, ignore_errors=True)
                 shutil.rmtree(out / "eval" / cell / f"{kind}@{seed}", ignore_errors=True)
-                run(_es_llm(kind, cfg) + ["--config", ROOT / trainer.config, "--out", run_dir,
+                run(es_llm_command(kind, cfg.ranks) + ["--config", ROOT / trainer.config, "--out", run_dir,
                                           "--no-progress", f"model={base}", f"seed={seed}",
                                           f"{key}={trainer.length}", *trainer.overrides])
             models[f"{kind}@{seed}"] = run_dir / "checkpoints" / "final"
@@ -291,7 +266,7 @@ def run(cfg: ScalingConfig, out: Path) -> dict:
     check(cfg)
     out.mkdir(parents=True, exist_ok=True)
     (out / "scaling.yaml").write_text(dump_yaml(cfg))
-    runner = Runner(out)
+    runner = Runner(out, "scaling")
     if cfg.sft.enabled and cfg.domain == "countdown" and not (out / "sft_traces.jsonl").is_file():
         from es_llm.testbed.scaling import sft_traces
         tb = load_testbed_config(cfg.testbed, None, list(cfg.testbed_overrides))

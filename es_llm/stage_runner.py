@@ -1,0 +1,41 @@
+"""Running a study's stages as plain `es-llm` commands (``scripts/experiment.py``,
+``scripts/scaling_study.py``): each command is printed, appended to the study folder's
+``commands.txt`` (the record of how every output was made, rerunnable by hand) and run in a
+process of its own; a failure stops the study with the command that failed."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def es_llm_command(kind: str, ranks: int = 1) -> list[str]:
+    """The command prefix of ``es-llm <kind>`` in this interpreter; ES under ``mpirun -n
+    ranks`` (the environment's own mpirun) when ranks > 1."""
+    cmd = [sys.executable, "-m", "es_llm", kind]
+    if kind == "es" and ranks > 1:
+        mpirun = shutil.which("mpirun", path=str(Path(sys.executable).parent)) or "mpirun"
+        cmd = [mpirun, "-n", str(ranks)] + cmd
+    return cmd
+
+
+class Runner:
+    """Runs stage commands, echoing them under ``label`` and keeping OUT/commands.txt."""
+
+    def __init__(self, out: Path, label: str):
+        self.log, self.label = out / "commands.txt", label
+
+    def __call__(self, cmd: list) -> None:
+        cmd = [str(c) for c in cmd]
+        line = " ".join(cmd)
+        print(f"[{self.label}] {line}", flush=True)
+        with open(self.log, "a") as f:
+            f.write(line + "\n")
+        t0 = time.time()
+        proc = subprocess.run(cmd)
+        if proc.returncode != 0:
+            raise SystemExit(f"[{self.label}] failed with status {proc.returncode}: {line}")
+        print(f"[{self.label}] done in {time.time() - t0:.0f} s", flush=True)
