@@ -28,12 +28,19 @@ class Runner:
     def __init__(self, out: Path, label: str):
         self.log, self.label = out / "commands.txt", label
 
-    def __call__(self, cmd: list) -> None:
+    def record(self, cmd: list) -> list[str]:
+        """Print and log ``cmd`` without running it: for a stage the caller runs in this
+        process (what the command would do, without a new interpreter's start-up)."""
         cmd = [str(c) for c in cmd]
         line = " ".join(cmd)
         print(f"[{self.label}] {line}", flush=True)
         with open(self.log, "a") as f:
             f.write(line + "\n")
+        return cmd
+
+    def __call__(self, cmd: list) -> None:
+        cmd = self.record(cmd)
+        line = " ".join(cmd)
         t0 = time.time()
         proc = subprocess.run(cmd)
         if proc.returncode != 0:

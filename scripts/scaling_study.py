@@ -184,14 +184,27 @@ def measure(cfg: ScalingConfig, build: Path, base: Path, size: str, steps: int) 
 
 
 def _eval(cfg: ScalingConfig, model: Path, data: Path, out: Path, run) -> None:
+    """``es-llm eval`` of one model; in this process when transformers serves it (vLLM
+    engines share process-wide state, so a vLLM evaluation gets a process of its own)."""
     if (out / "metrics.json").is_file():
         return
+    from es_llm.backends import choose_backend
+    from es_llm.evaluate import EvalConfig, evaluate
+    from es_llm.tasks import TaskConfig
+
     e = cfg.eval
     cmd = es_llm_command("eval") + [
         "--model", model, "--task", cfg.domain, "--data", data, "--n", e.n, "--temperature",
         e.temperature, "--top-p", e.top_p, "--max-tokens", e.max_tokens, "--seed", e.seed,
         "--backend", cfg.eval_backend, "--out", out, "--no-progress"]
-    run(cmd + (["--limit", cfg.eval_limit] if cfg.eval_limit else []))
+    cmd += ["--limit", cfg.eval_limit] if cfg.eval_limit else []
+    if choose_backend(cfg.eval_backend, str(model)) != "hf":
+        return run(cmd)
+    run.record(cmd)
+    evaluate(EvalConfig(model=str(model), task=TaskConfig(name=cfg.domain, data=str(data),
+                                                          limit=cfg.eval_limit),
+                        sampling=e, backend="hf"),
+             out, progress=False, echo=lambda *_: None)
 
 
 def run_cell(cfg: ScalingConfig, out: Path, size: str, steps: int, run) -> dict:
@@ -199,8 +212,15 @@ def run_cell(cfg: ScalingConfig, out: Path, size: str, steps: int, run) -> dict:
     cell = f"{size}-{steps}"
     folder = out / "builds" / cell
     if not (folder / "testbed.json").is_file():
-        run(es_llm_command("testbed") + ["--size", cfg.testbed, "--out", folder,
-                                         "--no-progress", *build_overrides(cfg, size, steps)])
+        # In this process (the build samples with transformers only): the recorded command
+        # gives the same folder.
+        from es_llm.testbed.build import build_testbed
+
+        overrides = build_overrides(cfg, size, steps)
+        run.record(es_llm_command("testbed") + ["--size", cfg.testbed, "--out", folder,
+                                                "--no-progress", *overrides])
+        build_testbed(load_testbed_config(cfg.testbed, None, overrides), folder,
+                      progress=False, echo=lambda *_: None)
     build = folder / DOMAINS[cfg.domain]
     base = build
     if cfg.sft.enabled and cfg.domain == "countdown":

@@ -41,7 +41,7 @@ def test_grpo_family_configs_load_and_are_exercised(path):
 
 
 def test_every_config_belongs_to_a_command():
-    known = ("eval_", "es_", "experiment_", "sft_", "latent_revise_") + GRADIENT_PREFIXES
+    known = ("eval_", "es_", "experiment_", "sft_", "latent_revise_", "scaling_") + GRADIENT_PREFIXES
     assert all(p.name.startswith(known) for p in CONFIGS.glob("*.yaml"))
 
 
