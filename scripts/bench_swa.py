@@ -62,6 +62,8 @@ def main() -> None:
     if args.vllm_once:
         return _one_vllm_call(args.vllm_once, args.prompts, args.n, args.max_tokens)
 
+    from transformers.utils import logging as hf_logging
+    hf_logging.disable_progress_bar()  # one weight-loading bar per model is noise here
     root = Path(args.testbed)
     if not (root / "swa" / "config.json").is_file():
         sys.exit(f"{root} has no swa/ folder; build it with `es-llm testbed ... swa.enabled=true`.")

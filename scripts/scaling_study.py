@@ -284,6 +284,9 @@ def run(cfg: ScalingConfig, out: Path) -> dict:
     from es_llm.compare import scaling
 
     check(cfg)
+    from transformers.utils import logging as hf_logging
+    # Builds and evaluations load models in this process: no weight-loading bar per model.
+    hf_logging.disable_progress_bar()
     out.mkdir(parents=True, exist_ok=True)
     (out / "scaling.yaml").write_text(dump_yaml(cfg))
     runner = Runner(out, "scaling")
