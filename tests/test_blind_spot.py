@@ -109,7 +109,8 @@ def test_each_kind_grafts_its_own_donor(backend):
     prompts = [PROMPT, "nums 2 7 9 make 23\n", "nums 1 5 6 8 make 40\n"]
     cfg = BlindSpotConfig(layer=1)
     mean_H = torch.cat([layer_activations(model, tok(p).input_ids, 1) for p in prompts]).mean(0)
-    donors, coefs = _donors(model, tok, prompts, 0, mean_H, 1, cfg, seed=0)
+    donors, coefs = _donors(model, tok, prompts, 0, tok(prompts[0]).input_ids, mean_H, 1, cfg,
+                            seed=0)
     ids = tok(PROMPT).input_ids
     T = len(ids)
     own = layer_activations(model, ids, 1)

@@ -91,10 +91,10 @@ def reordered(prompt: str, rng: random.Random) -> str:
     return f"{m.group(1)}{' '.join(order)} {m.group(3)}"
 
 
-def _donors(model, tokenizer, prompts: list[str], i: int, mean_H: torch.Tensor, layer: int,
-            cfg: BlindSpotConfig, seed: int) -> tuple[torch.Tensor, list[float]]:
-    """``(donors_B_T_H, coef_B)`` of problem ``i``'s six chains."""
-    ids = tokenizer(prompts[i]).input_ids
+def _donors(model, tokenizer, prompts: list[str], i: int, ids: list[int], mean_H: torch.Tensor,
+            layer: int, cfg: BlindSpotConfig, seed: int) -> tuple[torch.Tensor, list[float]]:
+    """``(donors_B_T_H, coef_B)`` of problem ``i``'s six chains (``ids``: its prompt's
+    token ids)."""
     T = len(ids)
     own = layer_activations(model, ids, layer)
     rows, coefs = [], []
@@ -133,13 +133,15 @@ def diagnose(backend, task, problems: dict, sample_set, cfg: BlindSpotConfig, ma
     params = SamplingParams(n=1, temperature=0.0, max_tokens=max_tokens)
     # Problems whose prompts have the same length share one generate call (no padding, so
     # a graft's positions are the same in every row).
+    prompt_ids = {i: tok(prompts[i]).input_ids for i in chosen}
     by_length: dict[int, list[int]] = {}
     for i in chosen:
-        by_length.setdefault(len(tok(prompts[i]).input_ids), []).append(i)
+        by_length.setdefault(len(prompt_ids[i]), []).append(i)
     for T, group in sorted(by_length.items()):
         for start in range(0, len(group), _PROBLEMS_PER_CALL):
             part = group[start:start + _PROBLEMS_PER_CALL]
-            made = [_donors(model, tok, prompts, i, mean_H, layer, cfg, seed) for i in part]
+            made = [_donors(model, tok, prompts, i, prompt_ids[i], mean_H, layer, cfg, seed)
+                    for i in part]
             donors = torch.cat([d for d, _ in made])
             coefs = [c for _, cs in made for c in cs]
             with grafted(model, layer, donors, coefs, slice(0, T)):

@@ -177,10 +177,11 @@ def training_curve(run: Path) -> dict | None:
             "reward": [r[metric] for r in rows]}
 
 
-def check_inputs(cfg: CompareConfig, out: Path) -> tuple[list, dict]:
+def check_inputs(cfg: CompareConfig, out: Path) -> tuple[list, dict, dict[str, Path]]:
     """Everything a comparison needs, checked before anything is sampled or written:
-    ``([(name, path, run folder or None)], {name: SampleSet})``, the second holding the
-    inputs that are sample files (loaded and checked against each other here)."""
+    ``([(name, path, run folder or None)], {name: SampleSet}, {name: model folder})``, the
+    second holding the inputs that are sample files (loaded and checked against each other
+    here), the third the blind spot's model folders (empty when it is off)."""
     entries = parse_models(cfg.models)
     check_out_path(out)
     names = [n for n, _ in entries]
@@ -222,11 +223,10 @@ def check_inputs(cfg: CompareConfig, out: Path) -> tuple[list, dict]:
     if cfg.budget.runs:
         budget_data(cfg, sources)
         budget.parse_runs(cfg.budget.runs)
-    if cfg.blind_spot.enabled:
-        blind_spot_models(cfg, sources, loaded)
+    folders = blind_spot_models(cfg, sources, loaded) if cfg.blind_spot.enabled else {}
     if cfg.testtime.methods:
         check_testtime(cfg, sources, loaded)
-    return sources, loaded
+    return sources, loaded, folders
 
 
 def blind_spot_models(cfg: CompareConfig, sources: list, loaded: dict) -> dict[str, Path]:
@@ -265,11 +265,11 @@ def blind_spot_models(cfg: CompareConfig, sources: list, loaded: dict) -> dict[s
     return out
 
 
-def run_blind_spot(cfg: CompareConfig, sets: list, sources: list, loaded: dict, echo) -> dict:
-    """The blind-spot figures of every model (``blind_spot.diagnose``)."""
+def run_blind_spot(cfg: CompareConfig, sets: list, folders: dict[str, Path], echo) -> dict:
+    """The blind-spot figures of every model (``blind_spot.diagnose``); ``folders`` from
+    ``blind_spot_models``."""
     from es_llm.backends.hf import HFBackend
 
-    folders = blind_spot_models(cfg, sources, loaded)
     ev = resolve_task_config(EvalConfig(model=str(next(iter(folders.values()))), task=cfg.task))
     task = build_task(ev.task)
     try:
@@ -413,7 +413,7 @@ def compare(cfg: CompareConfig, out: str | Path, progress: bool = True, echo=pri
     """Run ``es-llm compare``: check every input, sample what needs sampling, write the
     report. ``on_folder(out)`` is called once the output folder exists."""
     out = Path(out)
-    sources, loaded = check_inputs(cfg, out)
+    sources, loaded, blind_spot_folders = check_inputs(cfg, out)
     item_difficulty = difficulty_file(cfg, sources, loaded)
     out.mkdir(parents=True, exist_ok=True)
     if on_folder is not None:
@@ -443,7 +443,7 @@ def compare(cfg: CompareConfig, out: str | Path, progress: bool = True, echo=pri
     comp["difficulty"] = difficulty(sets, cfg.reference, np.random.default_rng(cfg.metrics_seed),
                                     cfg.bootstrap, item_difficulty)
     if cfg.blind_spot.enabled:
-        comp["blind_spot"] = run_blind_spot(cfg, sets, sources, loaded, echo)
+        comp["blind_spot"] = run_blind_spot(cfg, sets, blind_spot_folders, echo)
     if cfg.testtime.methods:
         echo(f"[compare] test-time methods {', '.join(cfg.testtime.methods)}")
         comp["testtime"] = run_testtime(cfg, sources, out, progress)
