@@ -1,7 +1,9 @@
 """Running a study's stages as plain `es-llm` commands (``scripts/experiment.py``,
-``scripts/scaling_study.py``): each command is printed, appended to the study folder's
-``commands.txt`` (the record of how every output was made, rerunnable by hand) and run in a
-process of its own; a failure stops the study with the command that failed."""
+``scripts/scaling_study.py``): each command is printed and appended to the study folder's
+``commands.txt`` (rerunnable by hand), then run in a process of its own; a failure stops the
+study with the command that failed. A stage the study runs in its own process instead
+(``record``: the scaling study's builds and transformers evaluations) is recorded the same
+way; what the study computes itself (its measurements and report) has no command."""
 
 from __future__ import annotations
 

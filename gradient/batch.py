@@ -59,8 +59,9 @@ class Rollout:
     row_weight: float | None = None
     # RSTG's SFT row on the teacher's trajectory.
     sft: bool = False
-    # A row the policy did not sample (LatentRevise's recovered trajectory): no engine
-    # log-probs, so no trainer/engine correction; its behaviour log-probs are the policy's own.
+    # Marks a row the policy did not sample (LatentRevise's recovered trajectory). What turns
+    # the trainer/engine correction off for it is its missing engine log-probs (engine_logp
+    # None); its behaviour log-probs are the policy's own.
     off_policy: bool = False
 
     def old(self, view: int) -> list[float] | None:

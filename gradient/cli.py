@@ -112,7 +112,7 @@ OPD_COMMAND = GRPOCommand(
 
 
 LATENT_REVISE_DESCRIPTION = """\
-LatentRevise on a model's zero-hit prompts: sample search.samples rollouts per training
+LatentRevise on a model's zero-hit prompts: sample search.n rollouts per training
 prompt (default: the model's data/<task>_rl.jsonl); for every prompt none of them solves,
 cut a failed rollout into a reasoning prefix and its failed continuation
 (revise.cut=first_wrong: through the first step the verifier rejects; fraction: the first

@@ -247,12 +247,14 @@ class AlgoSettings:
             ("algo.dynamic_sampling", self.dynamic_sampling.enabled),
             ("algo.prefix", self.prefix.enabled),
             ("algo.distill", self.distill.method != "none"),
+            ("algo.loss=gapo", self.loss == "gapo"),
             (f"algo.dllm.estimator={self.dllm.estimator}",
              estimator_spec(self.dllm.estimator).diffusion)) if on]
         if clash:
             raise BadInput(f"algo.recovered adds a row to groups whose rollouts all failed, "
                            f"which {', '.join(clash)} would not keep as sampled (dynamic "
                            f"sampling drops those groups, prefixes change the prompt, "
+                           f"GAPO's clip width is set from the group before the row joins it, "
                            f"distillation and diffusion estimators score rows of their own); "
                            f"turn them off or leave algo.recovered.data empty.")
 

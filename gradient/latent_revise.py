@@ -32,8 +32,10 @@ steps per failed rollout. The reading here:
   continuation.
 
 ``revise`` counts its cost in token passes: a forward pass over a sequence of n tokens costs
-n, a backward pass 2n (the usual estimate of a backward pass at twice a forward), so a
-revision of K steps over a gold row and a failed row costs ``3 K (n_gold + n_fail)``.
+n, a backward pass 2n (the usual estimate of a backward pass at twice a forward). One step
+reads two rows, the context (prompt and prefix, c tokens) before the gold continuation and
+before the failed one: ``2 c + n_gold + n_fail`` tokens. K steps forward and backward, and
+one forward pass measuring the final prefix, cost ``(3 K + 1) (2 c + n_gold + n_fail)``.
 """
 
 from __future__ import annotations
@@ -86,8 +88,8 @@ def continuation_logp(model, context_1_S_D: torch.Tensor, target_ids: list[int])
 
 @dataclass(frozen=True)
 class RevisionProblem:
-    """One failed rollout cut into the parts the loss reads (token ids, no special tokens
-    except the prompt's BOS)."""
+    """One failed rollout cut into the parts the loss reads (token ids: the prompt's with its
+    BOS, the continuations ending in EOS where the text ended, no other special token)."""
 
     prompt_ids: list[int]
     prefix_ids: list[int]
@@ -111,7 +113,8 @@ def revise_loss(model, prompt_1_P_D: torch.Tensor, weights_T_V: torch.Tensor,
                 gold_ids: list[int], fail_ids: list[int], lam: float
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(L, log p(gold), log p(fail))`` with ``L = -log p(gold) + lam log p(fail)``, both
-    given the prompt's embeddings and the soft prefix ``weights_T_V @ E``."""
+    given the prompt's embeddings and the soft prefix ``weights_T_V @ E``; with ``lam`` 0 the
+    failed continuation is not read and its log-likelihood is returned as 0."""
     E_V_D = model.get_input_embeddings().weight
     soft_1_T_D = (weights_T_V.to(E_V_D.dtype) @ E_V_D)[None]
     context_1_S_D = torch.cat([prompt_1_P_D, soft_1_T_D], dim=1)

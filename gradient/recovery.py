@@ -2,7 +2,7 @@
 with LatentRevise (``gradient.latent_revise``), and write the verified trajectories as a
 training data file, beside plain resampling at the same cost.
 
-1. **Search.** ``search.samples`` (k) samples per training prompt; a prompt none of them
+1. **Search.** ``search.n`` (k) samples per training prompt; a prompt none of them
    solves is zero-hit.
 2. **Revise.** For each zero-hit prompt, its first ``revise.rollouts_per_prompt`` failed
    samples that have a step are cut into prefix, failed continuation and gold continuation
@@ -139,16 +139,20 @@ def prefix_steps(completion: str, problem, settings: ReviseSettings) -> int:
         return 0
     if settings.cut == "fraction":
         return min(len(spans), max(1, math.ceil(settings.cut_fraction * len(spans))))
-    from es_llm.tasks.countdown_roles import first_wrong_step
+    from es_llm.tasks.countdown_roles import first_wrong_step, trace_part
 
     wrong = first_wrong_step(problem.gold["numbers"], problem.gold["target"], completion)
-    return min(len(spans), wrong or len(spans))
+    # The verifier numbers the words of the last line only (trace_part); the spans count
+    # every word, so the earlier lines' words come first.
+    start = completion.rfind(trace_part(completion).strip("\n"))
+    before = sum(1 for s, _ in spans if s < start)
+    return min(len(spans), before + (wrong or len(spans) - before))
 
 
 def split_rollout(completion: str, reference: str, steps: int) -> tuple[str, str, str]:
     """``(prefix, failed continuation, gold continuation)``: the rollout through its first
-    ``steps`` steps, the rest of it, and the reference solution from its ``steps``-th step on
-    (at least its answer block)."""
+    ``steps`` steps, the rest of it, and the reference solution after its first ``steps``
+    steps (at least its answer block)."""
     spans, ref = step_spans(completion), step_spans(reference)
     at = spans[steps][0] if steps < len(spans) else len(completion)
     gold_from = ref[min(steps, len(ref) - 1)][0] if ref else 0

@@ -33,7 +33,7 @@ from es_llm.es.config import ESRunConfig
 from es_llm.evaluate import SamplingConfig
 from es_llm.io import complete_jsonl_rows
 from es_llm.stage_runner import Runner, es_llm_command
-from es_llm.testbed.config import load_testbed_config
+from es_llm.testbed.config import MODEL_TASKS, load_testbed_config
 from gradient.config import GRPORunConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -163,9 +163,19 @@ def _steps(total: int, per_step: int, what: str) -> int:
 def plan(cfg: ExperimentConfig) -> dict[str, int | None]:
     """Per method, the ES iterations or GRPO steps that spend ``budget_samples`` generated
     samples (None for SFT, whose length is its own config's)."""
+    from gradient.recovery import LatentReviseConfig
+    from gradient.sft import SFTRunConfig
+
+    # Every config a later stage loads is loaded here first, so a bad setting stops the
+    # experiment before hours of training ({out} is a path only at run time).
+    if cfg.latent_revise.enabled:
+        load_config(LatentReviseConfig, path=ROOT / cfg.latent_revise.config,
+                    overrides=_with_out(cfg.latent_revise.overrides, "."))
     steps: dict[str, int | None] = {}
     for name, m in cfg.methods.items():
         if m.kind == "sft":
+            load_config(SFTRunConfig, path=ROOT / m.config,
+                        overrides=_with_out(m.overrides, "."))
             steps[name] = None
             continue
         if m.kind == "es":
@@ -180,13 +190,19 @@ def plan(cfg: ExperimentConfig) -> dict[str, int | None]:
 
 def same_testbed(folder: Path, cfg: ExperimentConfig) -> bool:
     """The folder already holds this testbed's base model (perhaps with teachers, which a
-    fresh copy without them would drop)."""
+    fresh copy without them would drop) and every further model the config enables (the
+    sliding-window conversion, the diffusion and domain models), built with its settings."""
     try:
         info = json.loads((folder / "testbed.json").read_text())
     except (OSError, json.JSONDecodeError):
         return False
     want = load_testbed_config(cfg.testbed, None, list(cfg.testbed_overrides))
-    return info.get("fingerprint") == want.fingerprint() and info.get("size") == cfg.testbed
+    keys = {"diffusion": want.diffusion_key, "swa": want.swa_key,
+            **{name: (lambda name=name: want.domain_key(name)) for name in MODEL_TASKS}}
+    parts_match = all((info.get(part) or {}).get("key") == key()
+                      for part, key in keys.items() if getattr(want, part).enabled)
+    return (info.get("fingerprint") == want.fingerprint() and info.get("size") == cfg.testbed
+            and parts_match)
 
 
 def _es_llm(method: Method, cfg: ExperimentConfig) -> list[str]:
@@ -206,12 +222,13 @@ def _finished(run: Path, steps: int | None) -> bool:
             and (steps is None or len(complete_jsonl_rows(run / "metrics.jsonl")) >= steps))
 
 
-def _overrides(method: Method, out: Path) -> list[str]:
-    return [o.replace(OUT_MARK, str(out)) for o in method.overrides]
+def _with_out(overrides, out: Path | str) -> list[str]:
+    """``overrides`` with {out} replaced by the experiment folder ``out``."""
+    return [o.replace(OUT_MARK, str(out)) for o in overrides]
 
 
 def training_command(method: Method, cfg: ExperimentConfig, seed: int, steps: int | None,
-                     model: Path, run: Path, out: Path | None = None) -> list[str] | None:
+                     model: Path, run: Path, out: Path) -> list[str] | None:
     """The command that trains (or finishes) one seed of one method; None when done. An SFT
     run is short and has no --resume: an unfinished one starts over."""
     if _finished(run, steps):
@@ -223,7 +240,7 @@ def training_command(method: Method, cfg: ExperimentConfig, seed: int, steps: in
                                        *_length(method, steps)]
     return _es_llm(method, cfg) + ["--config", str(ROOT / method.config), "--out", str(run),
                                    "--no-progress", f"model={model}", f"seed={seed}",
-                                   *_length(method, steps), *_overrides(method, out or run)]
+                                   *_length(method, steps), *_with_out(method.overrides, out)]
 
 
 def extension_command(method: Method, cfg: ExperimentConfig, steps: int, run: Path,
@@ -248,10 +265,11 @@ def extension_command(method: Method, cfg: ExperimentConfig, steps: int, run: Pa
 def compare_command(cfg: ExperimentConfig, out: Path, models: list[str], budget_runs: list[str],
                     never_seen: Path | None) -> list[str]:
     sp = cfg.sampling
-    cmd = [sys.executable, "-m", "es_llm", "compare", "--models", *models, "--task", cfg.task,
-           "--n", str(sp.n), "--temperature", str(sp.temperature), "--top-p", str(sp.top_p),
-           "--max-tokens", str(sp.max_tokens), "--seed", str(sp.seed), "--backend",
-           cfg.eval_backend, "--out", str(out / "compare"), "--no-progress"]
+    cmd = es_llm_command("compare") + [
+        "--models", *models, "--task", cfg.task, "--n", str(sp.n), "--temperature",
+        str(sp.temperature), "--top-p", str(sp.top_p), "--max-tokens", str(sp.max_tokens),
+        "--seed", str(sp.seed), "--backend", cfg.eval_backend, "--out", str(out / "compare"),
+        "--no-progress"]
     if cfg.eval_limit is not None:
         cmd += ["--limit", str(cfg.eval_limit)]
     if cfg.temperatures:
@@ -273,19 +291,18 @@ def run(cfg: ExperimentConfig, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "experiment.yaml").write_text(dump_yaml(cfg))
     runner = Runner(out, "experiment")
-    es_llm = [sys.executable, "-m", "es_llm"]
     testbed = out / "testbed"
     if not same_testbed(testbed, cfg):
-        runner(es_llm + ["testbed", "--size", cfg.testbed, "--out", str(testbed),
-                         "--no-progress", *cfg.testbed_overrides])
+        runner(es_llm_command("testbed") + ["--size", cfg.testbed, "--out", str(testbed),
+                                            "--no-progress", *cfg.testbed_overrides])
     models = [f"base={testbed}"] + [f"{name}={testbed / sub}"
                                     for name, sub in cfg.references.items()]
     budget_runs = []
     recover = cfg.latent_revise
     if recover.enabled and not (out / "recover" / "metrics.json").is_file():
-        runner(es_llm + ["latent-revise", "--config", str(ROOT / recover.config), "--out",
-                         str(out / "recover"), "--no-progress", f"model={testbed}",
-                         *[o.replace(OUT_MARK, str(out)) for o in recover.overrides]])
+        runner(es_llm_command("latent-revise") + [
+            "--config", str(ROOT / recover.config), "--out", str(out / "recover"),
+            "--no-progress", f"model={testbed}", *_with_out(recover.overrides, out)])
     for name, method in cfg.methods.items():
         for seed in cfg.seeds:
             folder = out / "runs" / f"{name}-seed{seed}"

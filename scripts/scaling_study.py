@@ -9,8 +9,9 @@ probability of the reference answer.
     python scripts/scaling_study.py --config configs/scaling_countdown.yaml --out runs/scaling
 
 Each stage is a plain `es-llm` command (printed, appended to OUT/commands.txt) and is skipped
-when its output is complete, so rerunning the command finishes an interrupted study. Builds
-are testbed builds, cached by their config like every testbed. Writes OUT/builds/<cell>/
+when its output is complete, so rerunning the command finishes an interrupted study (a build
+already there must have been made with the study's config, or the study stops before
+anything runs). Writes OUT/builds/<cell>/
 (the build and study.json: held-out loss, tokens, the base's reference log-probabilities),
 OUT/sft/<cell>/, OUT/runs/<cell>/<method>-seed<k>/, OUT/eval/<cell>/<model>/ and the report
 in OUT/report/ (report.md, report.html, figures/, scaling.json with every number).
@@ -118,6 +119,11 @@ class ScalingConfig:
                            f"({', '.join(self.cells())}).")
         if self.heldout_examples < 1 or self.ranks < 1 or self.bootstrap < 10:
             raise BadInput("heldout_examples and ranks must be >= 1 and bootstrap >= 10.")
+        if self.eval_limit is not None and (isinstance(self.eval_limit, bool)
+                                            or not isinstance(self.eval_limit, int)
+                                            or self.eval_limit < 1):
+            raise BadInput(f"eval_limit must be a whole number >= 1 (the first that many "
+                           f"held-out problems) or null (all of them), got {self.eval_limit!r}.")
 
     def cells(self) -> list[str]:
         return [f"{size}-{steps}" for size in self.sizes for steps in self.pretrain_steps]
@@ -136,15 +142,26 @@ def build_overrides(cfg: ScalingConfig, size: str, steps: int) -> list[str]:
     return out + [f"{prefix}train.steps={steps}"]
 
 
-def check(cfg: ScalingConfig) -> None:
-    """Every build's testbed config loads, and the two training configs load, before any
-    command runs."""
+def check(cfg: ScalingConfig, out: Path | None = None) -> None:
+    """Before any command runs: every build's testbed config and the two training configs
+    load, the evaluation backend is there, and a build already in ``out`` was made with
+    this study's config (else its runs and evaluations would be reused under the wrong
+    name)."""
+    from es_llm.backends import require_vllm
     from es_llm.es.config import ESRunConfig
     from gradient.config import GRPORunConfig
 
+    if cfg.eval_backend == "vllm":
+        require_vllm()
     for size in cfg.sizes:
         for steps in cfg.pretrain_steps:
-            load_testbed_config(cfg.testbed, None, build_overrides(cfg, size, steps))
+            tb = load_testbed_config(cfg.testbed, None, build_overrides(cfg, size, steps))
+            built = out / "builds" / f"{size}-{steps}" / "testbed.yaml" if out else None
+            if built is not None and built.is_file() and built.read_text() != dump_yaml(tb):
+                raise BadInput(f"{built.parent} was built with another testbed config than "
+                               f"this study gives {size}-{steps} (sizes, pretrain_steps or "
+                               f"testbed_overrides changed); use another --out, or remove "
+                               f"that cell's builds/, sft/, runs/ and eval/ folders.")
     load_config(GRPORunConfig, path=ROOT / cfg.grpo.config, overrides=list(cfg.grpo.overrides))
     load_config(ESRunConfig, path=ROOT / cfg.es.config, overrides=list(cfg.es.overrides))
 
@@ -281,9 +298,9 @@ def collect(study: dict, out: Path, models: dict) -> dict:
 
 
 def run(cfg: ScalingConfig, out: Path) -> dict:
+    """Every cell of the grid (``check`` has passed), then the analysis and report."""
     from es_llm.compare import scaling
 
-    check(cfg)
     from transformers.utils import logging as hf_logging
     # Builds and evaluations load models in this process: no weight-loading bar per model.
     hf_logging.disable_progress_bar()
@@ -321,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(ScalingConfig, path=args.config, overrides=args.overrides)
         if Path(args.out).exists() and not Path(args.out).is_dir():
             raise BadInput(f"--out {args.out!r} exists and is not a folder.")
-        check(cfg)
+        check(cfg, Path(args.out))
         run(cfg, Path(args.out))
     except BadInput as exc:
         print(f"scaling_study: error: {exc}", file=sys.stderr)

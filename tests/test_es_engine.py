@@ -191,12 +191,18 @@ def test_a_dead_rank_ends_the_job_in_bounded_time_naming_the_rank(ci_testbed, tm
     import re
     import time
 
-    # Rank 1 kills itself with SIGKILL a few seconds into a long run.
+    # Rank 1 kills itself with SIGKILL a few seconds into a long run: once the run folder
+    # exists (every rank has started and named its pid), however slow the start-up was.
     wrapper = tmp_path / "die.py"
-    wrapper.write_text("import os, signal, sys, threading\n"
+    wrapper.write_text("import os, signal, sys, threading, time\n"
                        "from es_llm.cli import main\n"
+                       "def die():\n"
+                       "    while not os.path.isdir(sys.argv[sys.argv.index('--out') + 1]):\n"
+                       "        time.sleep(0.2)\n"
+                       "    time.sleep(3.0)\n"
+                       "    os.kill(os.getpid(), signal.SIGKILL)\n"
                        "if os.environ.get('PMI_RANK') == '1':\n"
-                       "    threading.Timer(6.0, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()\n"
+                       "    threading.Thread(target=die, daemon=True).start()\n"
                        "sys.exit(main(sys.argv[1:]))\n")
     mpirun = shutil.which("mpirun", path=str(Path(sys.executable).parent)) or "mpirun"
     env = dict(os.environ, PYTHONPATH=str(ROOT))

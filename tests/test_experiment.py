@@ -205,9 +205,30 @@ def test_studies_start_from_testbed_folders_and_read_the_experiment_folder(tmp_p
 @pytest.mark.parametrize("setting, message", [
     ("references={base: swa}", "may not reuse"),
     ("references={grpo: swa}", "may not reuse"),
-    ("methods.sft_lr.extend=2", "no budget to extend")])
+    ("methods.sft_lr.extend=2", "no budget to extend"),
+    ("methods.sft_lr.overrides=[epochs=0]", "epochs must be at least 1"),
+    ("latent_revise.overrides=[bootstrap=1]", "bootstrap must be at least 10")])
 def test_bad_study_settings_are_refused(tmp_path, setting, message):
     proc = script("experiment.py", "--config", ROOT / "configs" / "experiment_latent_revise.yaml",
                   "--out", tmp_path / "x", setting)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
     assert not (tmp_path / "x").exists()
+
+
+def test_a_testbed_folder_is_reused_only_with_every_enabled_part_as_configured(tmp_path):
+    """SWARR's testbed enables the sliding-window conversion, which the student's
+    fingerprint leaves out: a folder built without it, or with other settings, is rebuilt."""
+    experiment = _experiment_module()
+    from es_llm.config import load_config
+    from es_llm.testbed.config import load_testbed_config
+
+    cfg = load_config(experiment.ExperimentConfig, path=ROOT / "configs" / "experiment_swarr.yaml")
+    want = load_testbed_config(cfg.testbed, None, list(cfg.testbed_overrides))
+    other = load_testbed_config(cfg.testbed, None, [*cfg.testbed_overrides, "swa.window=8"])
+    info = {"size": cfg.testbed, "fingerprint": want.fingerprint()}
+    (tmp_path / "testbed.json").write_text(json.dumps(info))
+    assert not experiment.same_testbed(tmp_path, cfg)
+    (tmp_path / "testbed.json").write_text(json.dumps({**info, "swa": {"key": other.swa_key()}}))
+    assert want.fingerprint() == other.fingerprint() and not experiment.same_testbed(tmp_path, cfg)
+    (tmp_path / "testbed.json").write_text(json.dumps({**info, "swa": {"key": want.swa_key()}}))
+    assert experiment.same_testbed(tmp_path, cfg)

@@ -93,16 +93,21 @@ def test_loss_pulls_toward_gold_and_pushes_away_from_the_failure(ci_model):
     w = torch.nn.functional.one_hot(torch.tensor(prefix), E.shape[0]).float()
     with torch.no_grad():
         p_emb = model.get_input_embeddings()(torch.tensor([prompt]))
+        want_g = _logp(model, prompt + prefix + gold, len(prompt + prefix))
+        want_f = _logp(model, prompt + prefix + fail, len(prompt + prefix))
+        losses = {}
         for lam in (0.0, 0.5, 2.0):
             loss, g, f = revise_loss(model, p_emb, w, gold, fail, lam)
-            want_g = _logp(model, prompt + prefix + gold, len(prompt + prefix))
-            want_f = _logp(model, prompt + prefix + fail, len(prompt + prefix))
             assert float(g) == pytest.approx(want_g, rel=1e-5)
-            assert float(loss) == pytest.approx(-want_g + lam * (want_f if lam else 0.0),
-                                                rel=1e-5)
-            # The gold term enters with a minus (higher likelihood, lower loss), the failed one
-            # with lambda >= 0 (higher likelihood, higher loss); log-likelihoods are negative.
-            assert want_g < 0 and want_f < 0
+            assert float(f) == (pytest.approx(want_f, rel=1e-5) if lam else 0.0)
+            assert float(loss) == pytest.approx(-want_g + lam * want_f, rel=1e-5)
+            losses[lam] = float(loss)
+        # The gold term enters with a minus: at lambda 0 the loss is the gold's negative
+        # log-likelihood (> 0). The failed term enters with +lambda: as its log-likelihood is
+        # negative, a larger lambda lowers the loss by exactly lambda times it.
+        assert losses[0.0] > 0
+        assert losses[2.0] - losses[0.5] == pytest.approx(1.5 * want_f, rel=1e-4)
+        assert losses[2.0] < losses[0.5] < losses[0.0]
         assert float(continuation_logp(model, p_emb, [])) == 0.0
 
 
@@ -120,9 +125,11 @@ def test_revision_lowers_its_loss_and_counts_its_token_passes(ci_model):
     assert torch.allclose(rev.weights_T_V.sum(-1), torch.ones(len(problem.prefix_ids)))
     assert not set(rev.prefix_ids) & set(tok.all_special_ids)
     assert all(p.grad is None for p in model.parameters())
+    # Each of the 6 steps reads the context (prompt + prefix) twice, then the gold and the
+    # failed continuation, forward (1x) and backward (2x); one more forward pass measures.
     context = len(problem.prompt_ids) + len(problem.prefix_ids)
     per_step = 2 * context + len(problem.gold_ids) + len(problem.fail_ids)
-    assert rev.token_passes == 6 * 3 * per_step + per_step
+    assert rev.token_passes == (3 * 6 + 1) * per_step
     assert min(rev.losses[1:]) < rev.losses[0]
 
 
@@ -156,6 +163,10 @@ def test_a_rollout_is_cut_through_its_first_rejected_step():
     assert prefix_steps(failed, p, ReviseSettings(cut="fraction", cut_fraction=1.0)) == 3
     assert split_rollout(failed, ref, 3) == (failed, "", "<answer>7*3+4</answer>")
     assert prefix_steps("   ", p, ReviseSettings()) == 0
+    # A line before the trace (the verifier reads the last line): its words come first.
+    facts = "7*3=21 3+4=7\n" + failed
+    assert prefix_steps(facts, p, ReviseSettings()) == 4
+    assert split_rollout(facts, ref, 4)[0] == "7*3=21 3+4=7\n7*3=21 21+3=24 "
 
 
 @pytest.mark.parametrize("override, words", [

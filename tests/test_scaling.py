@@ -71,13 +71,24 @@ def test_change_by_base_difficulty_by_hand():
 
 
 def test_analysis_fits_across_builds():
-    cells = [_cell([0.0], [1], [2], [1], loss=l, tokens=t, name=f"c{i}")
-             for i, (l, t) in enumerate([(1.0, 1e6), (0.8, 2e6), (0.5, 4e6)])]
+    # Three builds: loss 1.0, 0.8, 0.5; GRPO correct 1, 2, 4 of n = 4 (pass@1 0.25, 0.5, 1.0),
+    # ES 1, 1, 2 of 4; GRPO's reward rises 0.1, 0.2, 0.4 per 1,000 samples at 1, 2, 4 M tokens.
+    cells = []
+    for i, (loss, tokens, g, e) in enumerate([(1.0, 1e6, 1, 1), (0.8, 2e6, 2, 1),
+                                              (0.5, 4e6, 4, 2)]):
+        c = _cell([0.0], [1], [g], [e], loss=loss, tokens=tokens, name=f"c{i}")
+        c["curves"]["grpo@0"]["reward"] = [0.0, 0.1 * tokens / 1e6]
+        cells.append(c)
     r = analyze(cells, np.random.default_rng(0), 50)
-    assert [b["grpo_pass@1"] for b in r["builds"]] == [0.5, 0.5, 0.5]
-    assert r["accuracy_vs_loss"]["grpo"]["slope"] == pytest.approx(0.0, abs=1e-12)
-    assert r["slope_vs_tokens"]["grpo"]["slope"] == pytest.approx(0.0, abs=1e-12)
-    assert r["builds"][0]["grpo_slope"] == pytest.approx(0.1)
+    assert [b["grpo_pass@1"] for b in r["builds"]] == [0.25, 0.5, 1.0]
+    # Accuracy on loss, by hand: x 1.0, 0.8, 0.5 (mean 23/30), y 0.25, 0.5, 1.0 (mean 7/12);
+    # Sxx = 0.38/3, Sxy = -0.575/3 -> slope -0.575 / 0.38.
+    assert r["accuracy_vs_loss"]["grpo"]["slope"] == pytest.approx(-0.575 / 0.38)
+    assert r["accuracy_vs_loss"]["grpo"]["slope_ci"][1] < 0
+    assert r["accuracy_vs_loss"]["es"]["slope"] < 0
+    # Reward slope (per 1,000 samples) on tokens (in millions): exactly 0.1 per million.
+    assert r["builds"][2]["grpo_slope"] == pytest.approx(0.4)
+    assert r["slope_vs_tokens"]["grpo"]["slope"] == pytest.approx(0.1)
 
 
 def test_held_out_loss_is_the_models_own_loss_on_the_same_examples(ci_testbed):
@@ -141,7 +152,7 @@ def test_ci_grid_runs_end_to_end_and_its_report_equals_its_json(study):
     line = next(x for x in report.splitlines() if x.startswith("| base |"))
     assert f"{fit['slope']:+.3f}" in line
     assert (f"{fit['r2']:.2f}" if fit["r2"] is not None else "| - |") in line
-    # The chosen cell has three seeds; the others one.
+    # The chosen cell has the extra seed of the ci config (more_seeds: [1]); the others one.
     assert sorted(p.name for p in (study / "runs" / "m-120").iterdir()) == [
         "es-seed0", "es-seed1", "grpo-seed0", "grpo-seed1"]
     for name in ("accuracy_vs_loss.png", "slope_vs_tokens.png", "difficulty.png"):
@@ -155,6 +166,13 @@ def test_rerunning_the_study_skips_every_finished_stage(study):
     proc = _study("--config", CI_CONFIG, "--out", study)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (study / "commands.txt").read_text() == before
+    # A changed size would reuse builds made with the old one: refused, nothing run.
+    report = (study / "report" / "scaling.json").read_bytes()
+    proc = _study("--config", CI_CONFIG, "--out", study, "sizes.s.intermediate_size=96")
+    assert proc.returncode == 2 and "was built with another testbed config" in proc.stderr
+    assert proc.stderr.count("\n") == 1, proc.stderr
+    assert (study / "commands.txt").read_text() == before
+    assert (study / "report" / "scaling.json").read_bytes() == report
 
 
 @pytest.mark.parametrize("setting, message", [
@@ -164,6 +182,7 @@ def test_rerunning_the_study_skips_every_finished_stage(study):
     ("sizes.s.hidden_size=0", "must be at least 1"),
     ("domain=arithmetic", "'arithmetic'"),
     ("more_seeds_for=[z-1]", "not cells of the grid"),
+    ("eval_limit=0", "eval_limit must be a whole number"),
 ])
 def test_bad_grids_are_refused_before_anything_is_written(setting, message, tmp_path, capsys):
     study = _script()

@@ -376,7 +376,7 @@ def _coverage_blocks(comp: dict, figures: dict) -> list[tuple]:
                               "regressions", "mean accuracy change",
                               "answer entropy on regressions", "plurality share on regressions"],
                     [[m, _count(methods[m]["vs_base"]["num_progressions"]),
-                      _share_of(methods[m]["vs_base"]["progression_share"]),
+                      _pct(methods[m]["vs_base"]["progression_share"]),
                       _count(methods[m]["vs_base"]["num_regressions"]),
                       _interval_free(methods[m]["vs_base"]["accuracy_delta"]),
                       _num(methods[m]["vs_base"]["regression_entropy"]),
@@ -384,10 +384,6 @@ def _coverage_blocks(comp: dict, figures: dict) -> list[tuple]:
     out.append(("img", figures["histograms"], "Per-problem accuracy histogram (the first bin "
                 "holds the problems never solved)."))
     return out
-
-
-def _share_of(x: float | None) -> str:
-    return "-" if x is None else f"{100 * x:.1f}%"
 
 
 def _interval_free(x: float | None) -> str:

@@ -251,12 +251,15 @@ def _with_extras(student: Path, cfg: TestbedConfig, progress: bool, echo) -> Pat
             shutil.copytree(student / "data", tmp / "diffusion" / "data")
             info["diffusion"] = json.loads((parts["diffusion"] / "testbed.json").read_text())["diffusion"]
             info["diffusion"]["path"] = "diffusion"
+            info["diffusion"]["key"] = parts["diffusion"].name
         for name in ("swa", *MODEL_TASKS):
             if name in parts:
                 shutil.copytree(parts[name], tmp / name,
                                 ignore=shutil.ignore_patterns("testbed.json"))
                 info[name] = json.loads((parts[name] / "testbed.json").read_text())[name]
                 info[name]["path"] = name
+                # Its cache key: a study reusing this folder checks the part's settings by it.
+                info[name]["key"] = parts[name].name
         write_json_atomic(tmp / "testbed.json", info)
 
     key = f"{cfg.size}-{cfg.fingerprint()}-with-" + "-".join(p.name[-12:] for p in parts.values())
