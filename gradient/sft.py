@@ -91,7 +91,8 @@ def run_sft(cfg: SFTRunConfig, out: Path, progress: bool = True) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)
     model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32).to(cfg.device)
     o = cfg.optim
-    optimizer = o.adamw(model.parameters())
+    optimizer = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=(o.beta1, o.beta2),
+                                  weight_decay=o.weight_decay)
     again = "es-llm sft --config ... (a new --out)"
     with written(out, again):
         out.mkdir(parents=True, exist_ok=True)
@@ -110,7 +111,9 @@ def run_sft(cfg: SFTRunConfig, out: Path, progress: bool = True) -> dict:
                 ids, labels = completion_batch([rows[i] for i in order[start:start +
                                                                        cfg.batch_size]],
                                                tokenizer)
-                o.set_lr(optimizer, step)
+                for group in optimizer.param_groups:
+                    group["lr"] = o.lr * min(1.0, (step + 1) / o.warmup_steps) \
+                        if o.warmup_steps else o.lr
                 ids, labels = ids.to(cfg.device), labels.to(cfg.device)
                 loss = model(input_ids=ids, attention_mask=(ids != tokenizer.pad_token_id).long(),
                              labels=labels).loss
