@@ -302,6 +302,19 @@ class OptimSettings:
             raise BadInput("optim.grad_clip, optim.weight_decay and optim.warmup_steps must "
                            "be >= 0.")
 
+    def adamw(self, params):
+        """The AdamW these settings describe, over ``params``."""
+        import torch
+        return torch.optim.AdamW(params, lr=self.lr, betas=(self.beta1, self.beta2),
+                                 weight_decay=self.weight_decay)
+
+    def set_lr(self, optimizer, step: int) -> None:
+        """The learning rate of optimizer step ``step`` (0-based) after the linear warmup: a
+        function of the step alone, so a resumed run needs no scheduler state."""
+        for group in optimizer.param_groups:
+            group["lr"] = (self.lr * min(1.0, (step + 1) / self.warmup_steps)
+                           if self.warmup_steps else self.lr)
+
 
 @dataclass(frozen=True)
 class GRPORunConfig:

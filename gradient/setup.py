@@ -176,9 +176,7 @@ def build(cfg: GRPORunConfig, resume_from: Path | None = None):
         ref = model_class.from_pretrained(ref_path, dtype=torch.float32).to(cfg.device)
         ref.requires_grad_(False)
     teachers = _distill_models(cfg, tokenizer, problems, model_class)
-    o = cfg.optim
-    optimizer = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=(o.beta1, o.beta2),
-                                  weight_decay=o.weight_decay)
+    optimizer = cfg.optim.adamw(model.parameters())
     state = TrainerState()
     if cfg.algo.prefix.enabled:
         state.prefix = PrefixState()

@@ -91,8 +91,7 @@ def run_sft(cfg: SFTRunConfig, out: Path, progress: bool = True) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)
     model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32).to(cfg.device)
     o = cfg.optim
-    optimizer = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=(o.beta1, o.beta2),
-                                  weight_decay=o.weight_decay)
+    optimizer = o.adamw(model.parameters())
     again = "es-llm sft --config ... (a new --out)"
     with written(out, again):
         out.mkdir(parents=True, exist_ok=True)
@@ -111,9 +110,7 @@ def run_sft(cfg: SFTRunConfig, out: Path, progress: bool = True) -> dict:
                 ids, labels = completion_batch([rows[i] for i in order[start:start +
                                                                        cfg.batch_size]],
                                                tokenizer)
-                for group in optimizer.param_groups:
-                    group["lr"] = o.lr * min(1.0, (step + 1) / o.warmup_steps) \
-                        if o.warmup_steps else o.lr
+                o.set_lr(optimizer, step)
                 ids, labels = ids.to(cfg.device), labels.to(cfg.device)
                 loss = model(input_ids=ids, attention_mask=(ids != tokenizer.pad_token_id).long(),
                              labels=labels).loss

@@ -122,10 +122,8 @@ def policy_update(edges: Edges, batch: RolloutBatch, cfg: GRPORunConfig, step: i
                   steps: Plan) -> dict:
     """``epochs`` passes of ``mini_batches`` optimizer steps over ``batch``; metrics are
     summed over micro-batches (they are shares of the mini-batch) and averaged over updates."""
-    a, o = cfg.algo, cfg.optim
-    # The warmup is a function of the step alone, so a resumed run needs no scheduler state.
-    for group in edges.optimizer.param_groups:
-        group["lr"] = o.lr * min(1.0, (step + 1) / o.warmup_steps) if o.warmup_steps else o.lr
+    a = cfg.algo
+    cfg.optim.set_lr(edges.optimizer, step)
     totals: dict[str, float] = {}
     updates = 0
     for epoch in range(a.epochs):
