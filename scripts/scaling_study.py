@@ -11,8 +11,8 @@ probability of the reference answer.
 Each stage is a plain `es-llm` command (printed, appended to OUT/commands.txt) and is skipped
 when its output is complete, so rerunning the command finishes an interrupted study (a build
 already there must have been made with the study's config, or the study stops before
-anything runs). Writes OUT/builds/<cell>/
-(the build and study.json: held-out loss, tokens, the base's reference log-probabilities),
+anything runs, as it does when OUT's finished stages were made with other SFT, training or
+evaluation settings). Writes OUT/builds/<cell>/ (the build and study.json: held-out loss, tokens, the base's reference log-probabilities),
 OUT/sft/<cell>/, OUT/runs/<cell>/<method>-seed<k>/, OUT/eval/<cell>/<model>/ and the report
 in OUT/report/ (report.md, report.html, figures/, scaling.json with every number).
 """
@@ -33,7 +33,7 @@ from es_llm.config import check_choices, choice, dump_yaml, load_config, to_dict
 from es_llm.errors import BadInput
 from es_llm.evaluate import SamplingConfig
 from es_llm.io import complete_jsonl_rows, read_jsonl, write_json_atomic, write_jsonl_atomic
-from es_llm.stage_runner import Runner, es_llm_command
+from es_llm.stage_runner import Runner, es_llm_command, finished
 from es_llm.testbed.config import ModelShape, load_testbed_config
 from es_llm.testbed.scaling import DOMAINS
 
@@ -164,12 +164,30 @@ def check(cfg: ScalingConfig, out: Path | None = None) -> None:
                                f"that cell's builds/, sft/, runs/ and eval/ folders.")
     load_config(GRPORunConfig, path=ROOT / cfg.grpo.config, overrides=list(cfg.grpo.overrides))
     load_config(ESRunConfig, path=ROOT / cfg.es.config, overrides=list(cfg.es.overrides))
+    check_reused_stages(cfg, out)
 
 
-def _done(folder: Path, length: int) -> bool:
-    """A finished run of at least ``length`` logged steps."""
-    return ((folder / "checkpoints" / "final" / "config.json").is_file()
-            and len(complete_jsonl_rows(folder / "metrics.jsonl")) >= length)
+# Settings whose change makes every finished SFT run, training run, evaluation or study.json
+# in an existing --out stale; sizes, pretrain_steps and seeds only add or drop cells.
+STAGE_SETTINGS = ("domain", "heldout_examples", "sft", "grpo", "es", "eval", "eval_limit")
+
+
+def check_reused_stages(cfg: ScalingConfig, out: Path | None) -> None:
+    """Refuse an ``out`` whose finished stages were made under other stage settings: they
+    would be reused and reported as this config's."""
+    previous = out / "scaling.yaml" if out else None
+    if previous is None or not previous.is_file():
+        return
+    import yaml
+
+    before, now = yaml.safe_load(previous.read_text()) or {}, to_dict(cfg)
+    changed = [key for key in STAGE_SETTINGS if before.get(key) != now[key]]
+    if changed:
+        raise BadInput(f"{out} holds a study run with other {', '.join(changed)} than this "
+                       f"config gives (see {previous}); its finished stages would be reused "
+                       f"under the new settings. Use another --out, or set them back; "
+                       f"settings that may change between reruns: sizes, pretrain_steps, "
+                       f"seeds, more_seeds, more_seeds_for, ranks, eval_backend, bootstrap.")
 
 
 def measure(cfg: ScalingConfig, build: Path, base: Path, size: str, steps: int) -> dict:
@@ -257,7 +275,7 @@ def run_cell(cfg: ScalingConfig, out: Path, size: str, steps: int, run) -> dict:
     for seed in cfg.seeds_of(cell):
         for kind, trainer, key in (("grpo", cfg.grpo, "steps"), ("es", cfg.es, "iterations")):
             run_dir = out / "runs" / cell / f"{kind}-seed{seed}"
-            if not _done(run_dir, trainer.length):
+            if not finished(run_dir, trainer.length):
                 shutil.rmtree(run_dir, ignore_errors=True)
                 shutil.rmtree(out / "eval" / cell / f"{kind}@{seed}", ignore_errors=True)
                 run(es_llm_command(kind, cfg.ranks) + ["--config", ROOT / trainer.config, "--out", run_dir,

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from es_llm.compare.scaling import analyze, difficulty_change, run_slope
+from es_llm.errors import BadInput
 from es_llm.metrics.fits import curve_slope, line_band, linear_fit
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -171,6 +172,11 @@ def test_rerunning_the_study_skips_every_finished_stage(study):
     proc = _study("--config", CI_CONFIG, "--out", study, "sizes.s.intermediate_size=96")
     assert proc.returncode == 2 and "was built with another testbed config" in proc.stderr
     assert proc.stderr.count("\n") == 1, proc.stderr
+    # So would other evaluation or training settings: the old evaluations under new names.
+    for setting, named in (("eval.n=4", "other eval than"),
+                           ("grpo.length=3", "other grpo than")):
+        proc = _study("--config", CI_CONFIG, "--out", study, setting)
+        assert proc.returncode == 2 and named in proc.stderr, proc.stderr
     assert (study / "commands.txt").read_text() == before
     assert (study / "report" / "scaling.json").read_bytes() == report
 
@@ -190,6 +196,24 @@ def test_bad_grids_are_refused_before_anything_is_written(setting, message, tmp_
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1, err
     assert not (tmp_path / "x").exists()
+
+
+def test_a_grown_grid_reuses_stages_but_other_stage_settings_are_refused(tmp_path):
+    study = _script()
+    from es_llm.config import dump_yaml, load_config
+
+    cfg = load_config(study.ScalingConfig, path=CI_CONFIG)
+    (tmp_path / "scaling.yaml").write_text(dump_yaml(cfg))
+    for grown in (["seeds=[0,3]"], ["pretrain_steps=[60,120,240]"], ["bootstrap=50"],
+                  ["more_seeds_for=[s-60]"]):
+        study.check_reused_stages(load_config(study.ScalingConfig, path=CI_CONFIG,
+                                              overrides=grown), tmp_path)
+    for changed, named in ((["eval_limit=3"], "eval_limit"), (["sft.lr=0.001"], "sft"),
+                           (["es.overrides=[es.sigma=0.01]"], "es"),
+                           (["heldout_examples=7", "eval.seed=1"], "heldout_examples, eval ")):
+        with pytest.raises(BadInput, match=named):
+            study.check_reused_stages(load_config(study.ScalingConfig, path=CI_CONFIG,
+                                                  overrides=changed), tmp_path)
 
 
 def _script():
