@@ -13,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+from es_llm.io import complete_jsonl_rows
+
 
 def es_llm_command(kind: str, ranks: int = 1) -> list[str]:
     """The command prefix of ``es-llm <kind>`` in this interpreter; ES under ``mpirun -n
@@ -22,6 +24,13 @@ def es_llm_command(kind: str, ranks: int = 1) -> list[str]:
         mpirun = shutil.which("mpirun", path=str(Path(sys.executable).parent)) or "mpirun"
         cmd = [mpirun, "-n", str(ranks)] + cmd
     return cmd
+
+
+def finished(run: Path, steps: int | None = None) -> bool:
+    """``run`` holds a final checkpoint (after ``steps`` logged steps, when given): a
+    training stage the study skips."""
+    return ((run / "checkpoints" / "final" / "config.json").is_file()
+            and (steps is None or len(complete_jsonl_rows(run / "metrics.jsonl")) >= steps))
 
 
 class Runner:

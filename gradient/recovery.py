@@ -318,13 +318,16 @@ def _revise_all(cfg, task, problems, outs, zero, model, tokenizer, sampler, prog
 
 def _resample(cfg, task, problems, outs, zero, budget, tokenizer, sampler):
     """Plain samples of each zero-hit prompt at its revision's token passes: the first correct
-    one per prompt (None if none), each prompt's passes spent, and the seconds."""
+    one per prompt (None if none), each prompt's passes spent, and the seconds. The sample
+    count is the budget over a sample's passes, rounded to the nearest, so a prompt whose
+    revision cost under half a sample (none of its rollouts had a step to cut) gets none."""
     t0 = time.perf_counter()
     draws: dict[int, list[int]] = {}
     for i in zero:
         plen = len(tokenizer(problems[i].prompt).input_ids)
         mean_len = np.mean([len(c.token_ids) for c in outs[i]])
-        draws.setdefault(max(1, round(budget[i] / (plen + mean_len))), []).append(i)
+        draws.setdefault(round(budget[i] / (plen + mean_len)), []).append(i)
+    draws.pop(0, None)
     found: dict[int, dict | None] = {i: None for i in zero}
     spent = {i: 0 for i in zero}
     for n, idx in sorted(draws.items()):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -147,6 +148,11 @@ def _check_estimator(cfg: GRPORunConfig) -> bool:
     return diffusion
 
 
+def push_policy(backend, model) -> None:
+    """After an update: the policy's weights into the vLLM engine that samples the rollouts."""
+    backend.push_weights({n: p.detach() for n, p in model.named_parameters()})
+
+
 def build(cfg: GRPORunConfig, resume_from: Path | None = None):
     """``(edges, problems, state)``; with ``resume_from`` (a checkpoint folder) the policy,
     optimizer, step, prefix controller and replay buffer continue from it."""
@@ -195,7 +201,7 @@ def build(cfg: GRPORunConfig, resume_from: Path | None = None):
                      for it in saved["replay"]["items"]]
             state.replay.load_state_dict({**saved["replay"], "items": items})
     chosen = choose_backend(cfg.backend, cfg.model)
-    sync = None
+    sync = None  # the HF sampler decodes with the policy's own weights
     if diffusion:
         # The sampler decodes with the policy itself, so updates need no weight sync.
         from es_llm.backends.diffusion import DiffusionBackend
@@ -206,9 +212,7 @@ def build(cfg: GRPORunConfig, resume_from: Path | None = None):
         from es_llm.backends.vllm_backend import VLLMBackend
         backend = VLLMBackend(start, seed=cfg.seed, logprobs_mode="processed",
                               worker_extension=True)
-
-        def sync():
-            backend.push_weights({n: p.detach() for n, p in model.named_parameters()})
+        sync = partial(push_policy, backend, model)
     else:
         from es_llm.backends.hf import HFBackend
         backend = HFBackend(start, model=model, tokenizer=tokenizer, device=cfg.device,

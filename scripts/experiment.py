@@ -31,8 +31,7 @@ from es_llm.config import check_choices, choice, dump_yaml, load_config, to_dict
 from es_llm.errors import BadInput
 from es_llm.es.config import ESRunConfig
 from es_llm.evaluate import SamplingConfig
-from es_llm.io import complete_jsonl_rows
-from es_llm.stage_runner import Runner, es_llm_command
+from es_llm.stage_runner import Runner, es_llm_command, finished
 from es_llm.testbed.config import MODEL_TASKS, load_testbed_config
 from gradient.config import GRPORunConfig
 
@@ -216,12 +215,6 @@ def _length(method: Method, steps: int | None) -> list[str]:
     return [f"iterations={steps}" if method.kind == "es" else f"steps={steps}"]
 
 
-def _finished(run: Path, steps: int | None) -> bool:
-    """``run`` holds a final checkpoint (after ``steps`` logged steps, when given)."""
-    return ((run / "checkpoints" / "final" / "config.json").is_file()
-            and (steps is None or len(complete_jsonl_rows(run / "metrics.jsonl")) >= steps))
-
-
 def _with_out(overrides, out: Path | str) -> list[str]:
     """``overrides`` with {out} replaced by the experiment folder ``out``."""
     return [o.replace(OUT_MARK, str(out)) for o in overrides]
@@ -231,7 +224,7 @@ def training_command(method: Method, cfg: ExperimentConfig, seed: int, steps: in
                      model: Path, run: Path, out: Path) -> list[str] | None:
     """The command that trains (or finishes) one seed of one method; None when done. An SFT
     run is short and has no --resume: an unfinished one starts over."""
-    if _finished(run, steps):
+    if finished(run, steps):
         return None
     if method.kind == "sft":
         shutil.rmtree(run, ignore_errors=True)
@@ -249,7 +242,7 @@ def extension_command(method: Method, cfg: ExperimentConfig, steps: int, run: Pa
     ``method.extend`` times its length, a checkpoint at every multiple of it; the head-to-head
     checkpoint becomes ext's step_<steps>. None when done."""
     total = steps * method.extend
-    if _finished(ext, total):
+    if finished(ext, total):
         return None
     if not (ext / "config.yaml").is_file():
         staging = ext.with_name(ext.name + ".copying")

@@ -195,6 +195,42 @@ def test_a_model_without_a_usable_embedding_matrix_is_refused(ci_diffusion, ci_t
     assert not out.exists()
 
 
+# --- resampling at matched token passes ----------------------------------------------------------
+
+def test_resampling_gets_the_revisions_token_passes_and_none_without_a_revision():
+    from types import SimpleNamespace as NS
+
+    from gradient.recovery import LatentReviseConfig, _resample
+
+    class Tokenizer:  # one token per character
+        def __call__(self, text):
+            return NS(input_ids=list(range(len(text))))
+
+    class Sampler:  # every sample 6 tokens long; only prompt "b" is ever solved
+        def __init__(self):
+            self.calls = []
+
+        def generate(self, prompts, params, keys):
+            self.calls.append((list(prompts), params.n))
+            return [[NS(text=f"{p}{k}", token_ids=[0] * 6) for k in range(params.n)]
+                    for p in prompts]
+
+    class Task:
+        def score_many(self, pairs):
+            return [NS(correct=text == "bbbb2") for _, text in pairs]
+
+    problems = [Problem(id=x, prompt=x * 4, gold=0) for x in "abc"]
+    outs = [[NS(token_ids=[0] * 6)] * 2] * 3  # a sample costs 4 + 6 = 10 token passes
+    sampler = Sampler()
+    # a: 0 passes (nothing to revise), b: 34 -> 3 samples, c: 4 -> rounds to none.
+    found, spent, _ = _resample(LatentReviseConfig(model="m"), Task(), problems, outs, [0, 1, 2],
+                                {0: 0, 1: 34, 2: 4}, Tokenizer(), sampler)
+    assert sampler.calls == [(["bbbb"], 3)]
+    assert spent == {0: 0, 1: 30, 2: 0}
+    assert found[0] is None and found[2] is None
+    assert found[1]["completion"] == "bbbb2" and found[1]["source"] == "resample"
+
+
 # --- the command end to end, SFT and GRPO on its output -----------------------------------------
 
 @pytest.fixture(scope="module")

@@ -265,13 +265,18 @@ def blind_spot_models(cfg: CompareConfig, sources: list, loaded: dict) -> dict[s
     return out
 
 
+def compared_task(cfg: CompareConfig, model: Path):
+    """The compared task, its data resolved against ``model`` (the model's training data
+    when ``cfg.task`` names none); the caller closes it."""
+    return build_task(resolve_task_config(EvalConfig(model=str(model), task=cfg.task)).task)
+
+
 def run_blind_spot(cfg: CompareConfig, sets: list, folders: dict[str, Path], echo) -> dict:
     """The blind-spot figures of every model (``blind_spot.diagnose``); ``folders`` from
     ``blind_spot_models``."""
     from es_llm.backends.hf import HFBackend
 
-    ev = resolve_task_config(EvalConfig(model=str(next(iter(folders.values()))), task=cfg.task))
-    task = build_task(ev.task)
+    task = compared_task(cfg, next(iter(folders.values())))
     try:
         problems = {p.id: p for p in task.problems()}
         models = {}
@@ -288,9 +293,7 @@ def _compared_ids(cfg: CompareConfig, sources: list, loaded: dict) -> list[str]:
     """The problem ids the comparison will cover, known before anything is sampled."""
     if loaded:
         return list(next(iter(loaded.values())).problem_ids)
-    model = next(path for _, path, _ in sources)
-    ev = resolve_task_config(EvalConfig(model=str(model), task=cfg.task))
-    task = build_task(ev.task)
+    task = compared_task(cfg, next(path for _, path, _ in sources))
     try:
         return [p.id for p in task.problems()]
     finally:
