@@ -2,15 +2,18 @@
 ``scripts/scaling_study.py``): each command is printed and appended to the study folder's
 ``commands.txt`` (rerunnable by hand), then run in a process of its own; a failure stops the
 study with the command that failed. A stage the study runs in its own process instead
-(``record``: the scaling study's builds and transformers evaluations) is recorded the same
-way; what the study computes itself (its measurements and report) has no command."""
+(``inline``: the scaling study's builds, measurements and transformers evaluations) is
+recorded the same way, under its command when it has one. Every finished stage's seconds go
+to ``stage_times.jsonl``, so a study's compute adds up across the invocations that ran it."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from es_llm.io import complete_jsonl_rows
@@ -34,20 +37,30 @@ def finished(run: Path, steps: int | None = None) -> bool:
 
 
 class Runner:
-    """Runs stage commands, echoing them under ``label`` and keeping OUT/commands.txt."""
+    """Runs stage commands, echoing them under ``label`` and keeping OUT/commands.txt and
+    OUT/stage_times.jsonl."""
 
     def __init__(self, out: Path, label: str):
-        self.log, self.label = out / "commands.txt", label
+        self.log, self.times, self.label = out / "commands.txt", out / "stage_times.jsonl", label
 
     def record(self, cmd: list) -> list[str]:
-        """Print and log ``cmd`` without running it: for a stage the caller runs in this
-        process (what the command would do, without a new interpreter's start-up)."""
+        """Print and log ``cmd`` without running it."""
         cmd = [str(c) for c in cmd]
         line = " ".join(cmd)
         print(f"[{self.label}] {line}", flush=True)
         with open(self.log, "a") as f:
             f.write(line + "\n")
         return cmd
+
+    @contextmanager
+    def inline(self, kind: str, cmd: list | None = None):
+        """Time a stage the caller runs in this process (what ``cmd``, when given, would do
+        without a new interpreter's start-up)."""
+        if cmd is not None:
+            self.record(cmd)
+        t0 = time.time()
+        yield
+        self._finished(kind, " ".join(map(str, cmd)) if cmd else kind, time.time() - t0)
 
     def __call__(self, cmd: list) -> None:
         cmd = self.record(cmd)
@@ -56,4 +69,26 @@ class Runner:
         proc = subprocess.run(cmd)
         if proc.returncode != 0:
             raise SystemExit(f"[{self.label}] failed with status {proc.returncode}: {line}")
-        print(f"[{self.label}] done in {time.time() - t0:.0f} s", flush=True)
+        self._finished(cmd[cmd.index("es_llm") + 1] if "es_llm" in cmd else cmd[0], line,
+                       time.time() - t0)
+
+    def _finished(self, kind: str, stage: str, seconds: float) -> None:
+        print(f"[{self.label}] done in {seconds:.0f} s", flush=True)
+        with open(self.times, "a") as f:
+            f.write(json.dumps({"kind": kind, "stage": stage, "seconds": round(seconds, 2)})
+                    + "\n")
+
+
+def stage_seconds(out: Path) -> dict[str, float]:
+    """Seconds of the finished stages in ``out``'s stage_times.jsonl by kind (``es``,
+    ``eval``, ...) and in ``total``; empty when none is recorded."""
+    totals: dict[str, float] = {}
+    path = out / "stage_times.jsonl"
+    for line in path.read_text().splitlines() if path.is_file() else ():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:  # a line a killed study cut short: that stage reruns
+            continue
+        totals[row["kind"]] = totals.get(row["kind"], 0.0) + row["seconds"]
+    return {**{k: round(v, 1) for k, v in sorted(totals.items())},
+            **({"total": round(sum(totals.values()), 1)} if totals else {})}

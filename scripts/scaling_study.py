@@ -33,7 +33,7 @@ from es_llm.config import check_choices, choice, dump_yaml, load_config, to_dict
 from es_llm.errors import BadInput
 from es_llm.evaluate import SamplingConfig
 from es_llm.io import complete_jsonl_rows, read_jsonl, write_json_atomic, write_jsonl_atomic
-from es_llm.stage_runner import Runner, es_llm_command, finished
+from es_llm.stage_runner import Runner, es_llm_command, finished, stage_seconds
 from es_llm.testbed.config import ModelShape, load_testbed_config
 from es_llm.testbed.scaling import DOMAINS
 
@@ -235,11 +235,11 @@ def _eval(cfg: ScalingConfig, model: Path, data: Path, out: Path, run) -> None:
     cmd += ["--limit", cfg.eval_limit] if cfg.eval_limit else []
     if choose_backend(cfg.eval_backend, str(model)) != "hf":
         return run(cmd)
-    run.record(cmd)
-    evaluate(EvalConfig(model=str(model), task=TaskConfig(name=cfg.domain, data=str(data),
-                                                          limit=cfg.eval_limit),
-                        sampling=e, backend="hf"),
-             out, progress=False, echo=lambda *_: None)
+    with run.inline("eval", cmd):
+        evaluate(EvalConfig(model=str(model), task=TaskConfig(name=cfg.domain, data=str(data),
+                                                              limit=cfg.eval_limit),
+                            sampling=e, backend="hf"),
+                 out, progress=False, echo=lambda *_: None)
 
 
 def run_cell(cfg: ScalingConfig, out: Path, size: str, steps: int, run) -> dict:
@@ -252,10 +252,10 @@ def run_cell(cfg: ScalingConfig, out: Path, size: str, steps: int, run) -> dict:
         from es_llm.testbed.build import build_testbed
 
         overrides = build_overrides(cfg, size, steps)
-        run.record(es_llm_command("testbed") + ["--size", cfg.testbed, "--out", folder,
-                                                "--no-progress", *overrides])
-        build_testbed(load_testbed_config(cfg.testbed, None, overrides), folder,
-                      progress=False, echo=lambda *_: None)
+        with run.inline("testbed", es_llm_command("testbed") + [
+                "--size", cfg.testbed, "--out", folder, "--no-progress", *overrides]):
+            build_testbed(load_testbed_config(cfg.testbed, None, overrides), folder,
+                          progress=False, echo=lambda *_: None)
     build = folder / DOMAINS[cfg.domain]
     base = build
     if cfg.sft.enabled and cfg.domain == "countdown":
@@ -268,7 +268,8 @@ def run_cell(cfg: ScalingConfig, out: Path, size: str, steps: int, run) -> dict:
                 "--no-progress", f"model={build}", f"data={out / 'sft_traces.jsonl'}",
                 f"epochs={s.epochs}", f"batch_size={s.batch_size}", f"optim.lr={s.lr}"])
     if not (folder / "study.json").is_file():
-        write_json_atomic(folder / "study.json", measure(cfg, build, base, size, steps))
+        with run.inline("measure"):
+            write_json_atomic(folder / "study.json", measure(cfg, build, base, size, steps))
     study = json.loads((folder / "study.json").read_text())
     data = build / "data" / f"{cfg.domain}_eval.jsonl"
     models = {"base": base}
@@ -335,6 +336,7 @@ def run(cfg: ScalingConfig, out: Path) -> dict:
     result = scaling.analyze(cells, np.random.default_rng(cfg.eval.seed), cfg.bootstrap)
     result["config"] = to_dict(cfg)
     result["wall_s"] = round(time.time() - t0, 1)
+    result["stage_seconds"] = stage_seconds(out)
     scaling.write(result, out / "report", f"Pretraining to post-training: {cfg.domain}")
     print(f"[scaling] wrote {out / 'report' / 'report.md'} and scaling.json")
     return result

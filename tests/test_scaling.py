@@ -153,6 +153,15 @@ def test_ci_grid_runs_end_to_end_and_its_report_equals_its_json(study):
     line = next(x for x in report.splitlines() if x.startswith("| base |"))
     assert f"{fit['slope']:+.3f}" in line
     assert (f"{fit['r2']:.2f}" if fit["r2"] is not None else "| - |") in line
+    # Every stage's seconds, under its command's kind: the report's compute sums them.
+    times = [json.loads(x) for x in (study / "stage_times.jsonl").read_text().splitlines()]
+    commands = (study / "commands.txt").read_text().splitlines()
+    assert [t["stage"] for t in times if t["kind"] != "measure"] == commands
+    assert [t["kind"] for t in times].count("measure") == len(builds)
+    assert {t["kind"] for t in times} == {"testbed", "measure", "sft", "grpo", "es", "eval"}
+    total = result["stage_seconds"]["total"]
+    assert total == pytest.approx(sum(t["seconds"] for t in times), abs=0.05 * 6)
+    assert f"Compute: {total:,.0f} s of stages" in report
     # The chosen cell has the extra seed of the ci config (more_seeds: [1]); the others one.
     assert sorted(p.name for p in (study / "runs" / "m-120").iterdir()) == [
         "es-seed0", "es-seed1", "grpo-seed0", "grpo-seed1"]
@@ -164,16 +173,18 @@ def test_ci_grid_runs_end_to_end_and_its_report_equals_its_json(study):
 @pytest.mark.slow
 def test_rerunning_the_study_skips_every_finished_stage(study):
     before = (study / "commands.txt").read_text()
+    times = (study / "stage_times.jsonl").read_text()
     proc = _study("--config", CI_CONFIG, "--out", study)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (study / "commands.txt").read_text() == before
+    assert (study / "stage_times.jsonl").read_text() == times
     # A changed size would reuse builds made with the old one: refused, nothing run.
     report = (study / "report" / "scaling.json").read_bytes()
     proc = _study("--config", CI_CONFIG, "--out", study, "sizes.s.intermediate_size=96")
     assert proc.returncode == 2 and "was built with another testbed config" in proc.stderr
     assert proc.stderr.count("\n") == 1, proc.stderr
     # So would other evaluation or training settings: the old evaluations under new names.
-    for setting, named in (("eval.n=4", "other eval than"),
+    for setting, named in (("eval.n=3", "other eval than"),
                            ("grpo.length=3", "other grpo than")):
         proc = _study("--config", CI_CONFIG, "--out", study, setting)
         assert proc.returncode == 2 and named in proc.stderr, proc.stderr

@@ -143,12 +143,27 @@ def _fit_cell(fit: dict | None, scale: float = 1.0) -> list[str]:
     return [f"{scale * fit['slope']:+.3f}", _ci(fit["slope_ci"], scale), r2, verdict]
 
 
+def _compute(result: dict) -> list[tuple]:
+    """The study's stage seconds (summed over every invocation that ran a stage) and this
+    invocation's wall time, when the study recorded them."""
+    secs = dict(result.get("stage_seconds") or {})
+    if not secs:
+        return []
+    total = secs.pop("total")
+    parts = ", ".join(f"{kind} {s:,.0f} s" for kind, s in secs.items())
+    wall = (f"; this invocation's wall time {result['wall_s']:,.0f} s"
+            if "wall_s" in result else "")
+    return [("p", f"Compute: {total:,.0f} s of stages, summed over every invocation that "
+                  f"ran one ({parts}){wall}.")]
+
+
 def blocks(result: dict, figures: dict[str, str], title: str) -> list[tuple]:
     rows = result["builds"]
     out = [("h", 1, title),
            ("p", f"{len(rows)} builds. Accuracy is held-out pass@1 (seed means after "
                  f"post-training); the reward slope is training reward per 1,000 generated "
                  f"samples."),
+           *_compute(result),
            ("table", ["build", "parameters", "pretraining steps", "tokens (M)",
                       "held-out loss", "base pass@1", "GRPO pass@1", "ES pass@1",
                       "base pass@k", "GRPO pass@k", "ES pass@k", "GRPO slope", "ES slope"],
