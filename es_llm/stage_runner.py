@@ -53,14 +53,14 @@ class Runner:
         return cmd
 
     @contextmanager
-    def inline(self, kind: str, cmd: list | None = None):
-        """Time a stage the caller runs in this process (what ``cmd``, when given, would do
-        without a new interpreter's start-up)."""
-        if cmd is not None:
-            self.record(cmd)
+    def inline(self, kind: str, cmd: list | str):
+        """Time a stage the caller runs in this process: what the command ``cmd`` would do
+        without a new interpreter's start-up, or a computation with no command (``cmd`` a
+        label, not recorded in commands.txt)."""
+        stage = cmd if isinstance(cmd, str) else " ".join(self.record(cmd))
         t0 = time.time()
         yield
-        self._finished(kind, " ".join(map(str, cmd)) if cmd else kind, time.time() - t0)
+        self._finished(kind, stage, time.time() - t0)
 
     def __call__(self, cmd: list) -> None:
         cmd = self.record(cmd)

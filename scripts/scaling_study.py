@@ -268,7 +268,7 @@ def run_cell(cfg: ScalingConfig, out: Path, size: str, steps: int, run) -> dict:
                 "--no-progress", f"model={build}", f"data={out / 'sft_traces.jsonl'}",
                 f"epochs={s.epochs}", f"batch_size={s.batch_size}", f"optim.lr={s.lr}"])
     if not (folder / "study.json").is_file():
-        with run.inline("measure"):
+        with run.inline("measure", f"measure {cell}"):
             write_json_atomic(folder / "study.json", measure(cfg, build, base, size, steps))
     study = json.loads((folder / "study.json").read_text())
     data = build / "data" / f"{cfg.domain}_eval.jsonl"
