@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from es_llm.compare.scaling import analyze, difficulty_change, run_slope
+from es_llm.compare.scaling import (analyze, difficulty_change, run_slope,
+                                    shared_batch_correlation)
 from es_llm.errors import BadInput
 from es_llm.metrics.fits import curve_slope, line_band, linear_fit
 
@@ -90,6 +91,23 @@ def test_analysis_fits_across_builds():
     # Reward slope (per 1,000 samples) on tokens (in millions): exactly 0.1 per million.
     assert r["builds"][2]["grpo_slope"] == pytest.approx(0.4)
     assert r["slope_vs_tokens"]["grpo"]["slope"] == pytest.approx(0.1)
+    # Held-out gain per 1,000 samples: (0.25, 0.5, 1.0) - 0.25 over 1,000 samples, at 1, 2, 4
+    # M tokens: x mean 7/3, Sxx 14/3, Sxy 7/6 -> 0.25 per million tokens.
+    assert [b["grpo_gain"] for b in r["builds"]] == pytest.approx([0.0, 0.25, 0.75])
+    assert r["gain_vs_tokens"]["grpo"]["slope"] == pytest.approx(0.25)
+    assert r["shared_batches"]["grpo"] is None  # two-step curves: no correlation
+
+
+def test_shared_batches_correlate_the_builds_curves_by_hand():
+    # Seed 0: curves (0, 1, 0) and (0, 2, 1): deviations (-1/3, 2/3, -1/3) and (-1, 1, 0),
+    # covariance 1, norms^2 2/3 and 2 -> r = sqrt(3)/2; a constant curve has none. Seed 1
+    # has one build: no pair.
+    cells = [_cell([0.0], [1], [1], [1], name=f"c{i}") for i in range(3)]
+    for c, reward in zip(cells, ([0, 1, 0], [0, 2, 1], [1, 1, 1])):
+        c["curves"]["es@0"] = {"samples": [0, 500, 1000], "reward": reward}
+    cells[0]["curves"]["es@1"] = {"samples": [0, 500, 1000], "reward": [3, 1, 2]}
+    got = shared_batch_correlation(cells, "es")
+    assert got["mean"] == pytest.approx(math.sqrt(3) / 2) and got["pairs"] == 1
 
 
 def test_held_out_loss_is_the_models_own_loss_on_the_same_examples(ci_testbed):
@@ -143,7 +161,9 @@ def test_ci_grid_runs_end_to_end_and_its_report_equals_its_json(study):
         assert cells[4] == f"{b['heldout_loss']:.4f}"
         for i, key in ((5, "base_pass@1"), (6, "grpo_pass@1"), (7, "es_pass@1")):
             assert cells[i] == f"{100 * b[key]:.1f}%"
-        assert cells[11] == f"{b['grpo_slope']:+.4f}"
+        assert cells[11] == f"{b['grpo_slope']:+.4f}" and cells[14] == f"{b['es_gain']:+.4f}"
+        # ES at ci size: 4 members x 4 prompts x 2 iterations = 32 samples.
+        assert b["es_gain"] == pytest.approx(1000 * (b["es_pass@1"] - b["base_pass@1"]) / 32)
     # Each build's loss is its own study.json's; more training, lower held-out loss.
     for b in builds:
         study_json = json.loads((study / "builds" / b["cell"] / "study.json").read_text())
