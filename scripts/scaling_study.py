@@ -1,7 +1,8 @@
 """The controlled pretraining-to-post-training study in one command: a grid of testbed builds
 over model size and pretraining steps, each build's loss on a held-out stream, an SFT stage on
 worked traces where the domain has them, a fixed-budget GRPO run and a fixed-budget ES run
-from every build, every model evaluated on the domain's held-out set, and the analysis
+from every build, every model evaluated on the domain's held-out set (the base twice, on two
+sampling seeds: the second draw is the null for "newly solved"), and the analysis
 (``es_llm.compare.scaling``): post-training accuracy against pretraining loss, reward-curve
 slopes against pretraining tokens, and the change per problem by the base model's
 probability of the reference answer.
@@ -24,7 +25,7 @@ import json
 import shutil
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -218,16 +219,17 @@ def measure(cfg: ScalingConfig, build: Path, base: Path, size: str, steps: int) 
             "reference_logp": reference_logprobs(base, problems)}
 
 
-def _eval(cfg: ScalingConfig, model: Path, data: Path, out: Path, run) -> None:
-    """``es-llm eval`` of one model; in this process when transformers serves it (vLLM
-    engines share process-wide state, so a vLLM evaluation gets a process of its own)."""
+def _eval(cfg: ScalingConfig, model: Path, data: Path, out: Path, run, seed: int) -> None:
+    """``es-llm eval`` of one model with sampling seed ``seed``; in this process when
+    transformers serves it (vLLM engines share process-wide state, so a vLLM evaluation gets
+    a process of its own)."""
     if (out / "metrics.json").is_file():
         return
     from es_llm.backends import choose_backend
     from es_llm.evaluate import EvalConfig, evaluate
     from es_llm.tasks import TaskConfig
 
-    e = cfg.eval
+    e = replace(cfg.eval, seed=seed)
     cmd = es_llm_command("eval") + [
         "--model", model, "--task", cfg.domain, "--data", data, "--n", e.n, "--temperature",
         e.temperature, "--top-p", e.top_p, "--max-tokens", e.max_tokens, "--seed", e.seed,
@@ -272,7 +274,9 @@ def run_cell(cfg: ScalingConfig, out: Path, size: str, steps: int, run) -> dict:
             write_json_atomic(folder / "study.json", measure(cfg, build, base, size, steps))
     study = json.loads((folder / "study.json").read_text())
     data = build / "data" / f"{cfg.domain}_eval.jsonl"
-    models = {"base": base}
+    # "redraw": the base sampled again on another seed, the null for "newly solved" (a
+    # problem the base never solved in n samples can come up in the next n by chance alone).
+    models = {"base": base, "redraw": base}
     for seed in cfg.seeds_of(cell):
         for kind, trainer, key in (("grpo", cfg.grpo, "steps"), ("es", cfg.es, "iterations")):
             run_dir = out / "runs" / cell / f"{kind}-seed{seed}"
@@ -284,7 +288,8 @@ def run_cell(cfg: ScalingConfig, out: Path, size: str, steps: int, run) -> dict:
                                           f"{key}={trainer.length}", *trainer.overrides])
             models[f"{kind}@{seed}"] = run_dir / "checkpoints" / "final"
     for name, model in models.items():
-        _eval(cfg, model, data, out / "eval" / cell / name, run)
+        _eval(cfg, model, data, out / "eval" / cell / name, run,
+              cfg.eval.seed + (name == "redraw"))
     return collect(study, out, models)
 
 
@@ -306,7 +311,7 @@ def collect(study: dict, out: Path, models: dict) -> dict:
             "n": n, "pass@1": metrics["pass@1"]["value"], "pass@1_ci": metrics["pass@1"]["ci95"],
             "pass@k": metrics[f"pass@{n}"]["value"], "pass@k_ci": metrics[f"pass@{n}"]["ci95"],
             "correct_P": [counts[pid] for pid in study["problem_ids"]]}
-        if name != "base":
+        if "@" in name:
             kind, seed = name.split("@")
             rows = complete_jsonl_rows(out / "runs" / cell / f"{kind}-seed{seed}" /
                                        "metrics.jsonl")

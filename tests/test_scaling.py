@@ -70,6 +70,19 @@ def test_change_by_base_difficulty_by_hand():
     assert d["grpo"][2] is None and d["grpo"][3]["change"] == pytest.approx(0.25)
     assert d["es"][0]["newly_solved"] == 0.5 and d["es"][3]["change"] == 0.0
     assert d["es"][3]["never_solved"] == 0 and d["es"][3]["newly_solved"] is None
+    # Without a redraw there is no null: nothing beyond it.
+    assert g0["beyond_redraw"] is None and d["redraw"] == [None] * 4
+    # The redraw solves problem 1 (0 of 4 before): GRPO solved problem 0 and ES problem 1, so
+    # beyond the redraw, paired over the two never-solved pairs: GRPO (1-0 + 0-1)/2 = 0, ES
+    # (0-0 + 1-1)/2 = 0; the redraw itself newly solves 1 of 2.
+    cell["models"]["redraw"] = {"n": 4, "pass@1": 0.0, "pass@k": 0.0, "correct_P": [0, 2, 1, 3]}
+    d = difficulty_change([cell], np.random.default_rng(0), 100)
+    assert d["grpo"][0]["redraw_solved"] == 0.5 and d["grpo"][0]["beyond_redraw"] == 0.0
+    assert d["es"][0]["beyond_redraw"] == 0.0 and d["redraw"][0]["newly_solved"] == 0.5
+    cell["models"]["redraw"]["correct_P"] = [0, 0, 1, 3]  # the redraw surfaces nothing
+    d = difficulty_change([cell], np.random.default_rng(0), 100)
+    assert (d["grpo"][0]["redraw_solved"], d["grpo"][0]["beyond_redraw"]) == (0.0, 0.5)
+    assert d["grpo"][0]["beyond_redraw_ci"] == [0.0, 1.0]
 
 
 def test_analysis_fits_across_builds():

@@ -22,7 +22,10 @@ surfacing nearly absent ones on hard puzzles), each asked of GRPO and of ES:
 * **Change by base difficulty**: every (build, held-out problem) pair binned by the base
   model's log-probability of the problem's reference answer; per bin, the mean change of
   per-problem accuracy (c/n after minus before) and the share of the base's never-solved
-  problems the method solves, with bootstrap intervals over pairs.
+  problems the method solves, with bootstrap intervals over pairs. Departure from the
+  source: that share is also given beyond a null, the base sampled again on another seed
+  (the ``redraw`` arm), since problems picked for having no hit in n samples come up in the
+  next n by chance alone.
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ from es_llm.metrics.fits import curve_slope, line_band, linear_fit
 from es_llm.metrics.passk import bootstrap_ci
 
 METHODS = ("grpo", "es")
+# The base evaluated again on another sampling seed: the null arm of "newly solved".
+NULL_ARM = "redraw"
 # Bin edges of the base log10-probability of the reference answer: nearly absent, rare,
 # plausible, already preferred.
 LOG10_EDGES = (-4.0, -2.0, -0.5)
@@ -97,45 +102,55 @@ def shared_batch_correlation(cells: list[dict], method: str) -> dict | None:
     return {"mean": float(np.mean(corr)), "pairs": len(corr)} if corr else None
 
 
+def _bin_row(acc: np.ndarray, base: np.ndarray, null: np.ndarray, sel: np.ndarray,
+             rng: np.random.Generator, resamples: int) -> dict:
+    """One bin of one arm: accuracy change over the ``sel`` pairs, and on the base's
+    never-solved ones the share solved, the null's (the redraw's) share, and the paired
+    difference, each with a bootstrap interval over pairs."""
+    never = sel & (base == 0)
+    solved = (acc[never] > 0).astype(float)
+    paired = never & np.isfinite(null)
+    beyond = (acc[paired] > 0).astype(float) - (null[paired] > 0).astype(float)
+    change = acc[sel] - base[sel]
+    return {"pairs": int(sel.sum()), "base": float(base[sel].mean()),
+            "after": float(acc[sel].mean()), "change": float(change.mean()),
+            "change_ci": list(bootstrap_ci(change, rng, resamples)),
+            "never_solved": int(never.sum()),
+            "newly_solved": float(solved.mean()) if solved.size else None,
+            "newly_solved_ci": list(bootstrap_ci(solved, rng, resamples)) if solved.size else None,
+            "redraw_solved": float((null[paired] > 0).mean()) if beyond.size else None,
+            "beyond_redraw": float(beyond.mean()) if beyond.size else None,
+            "beyond_redraw_ci": list(bootstrap_ci(beyond, rng, resamples)) if beyond.size else None}
+
+
 def difficulty_change(cells: list[dict], rng: np.random.Generator, resamples: int) -> dict:
-    """Per method and bin of the base's log-probability of the reference: the pairs, the
-    base's and the method's mean accuracy, the mean change and the share of the base's
-    never-solved pairs solved, with bootstrap intervals over pairs."""
-    base_logp, base_acc, method_acc = [], [], {m: [] for m in METHODS}
+    """Per arm (each method, and ``redraw``: the base sampled again on another seed) and bin
+    of the base's log-probability of the reference: the pairs, the base's and the arm's
+    mean accuracy, the mean change, the share of the base's never-solved pairs solved, and
+    that share beyond the redraw's on the same pairs (a problem the base never solved in n
+    samples can come up in the next n by chance alone), with bootstrap intervals over
+    pairs."""
+    arms = (*METHODS, NULL_ARM)
+    base_logp, base_acc, arm_acc = [], [], {m: [] for m in arms}
     for c in cells:
         n_b = c["models"]["base"]["n"]
         base_logp += c["reference_logp"]
         base_acc += [x / n_b for x in c["models"]["base"]["correct_P"]]
-        for m in METHODS:
+        for m in arms:
             seeds = [v for k, v in c["models"].items() if k.split("@")[0] == m]
-            method_acc[m] += (np.mean([[x / s["n"] for x in s["correct_P"]] for s in seeds],
-                                      axis=0).tolist() if seeds
-                              else [math.nan] * len(c["reference_logp"]))
+            arm_acc[m] += (np.mean([[x / s["n"] for x in s["correct_P"]] for s in seeds],
+                                   axis=0).tolist() if seeds
+                           else [math.nan] * len(c["reference_logp"]))
     log10 = np.asarray(base_logp) / math.log(10)
     bins = np.digitize(log10, LOG10_EDGES)
-    base = np.asarray(base_acc)
+    base, null = np.asarray(base_acc), np.asarray(arm_acc[NULL_ARM])
     out = {"labels": list(BIN_LABELS), "pairs": [int((bins == b).sum())
                                                  for b in range(len(BIN_LABELS))]}
-    for m in METHODS:
-        acc = np.asarray(method_acc[m])
-        rows = []
-        for b in range(len(BIN_LABELS)):
-            sel = (bins == b) & np.isfinite(acc)
-            if not sel.any():
-                rows.append(None)
-                continue
-            change = acc[sel] - base[sel]
-            never = sel & (base == 0)
-            solved = (acc[never] > 0).astype(float)
-            rows.append({
-                "pairs": int(sel.sum()), "base": float(base[sel].mean()),
-                "after": float(acc[sel].mean()), "change": float(change.mean()),
-                "change_ci": list(bootstrap_ci(change, rng, resamples)),
-                "never_solved": int(never.sum()),
-                "newly_solved": float(solved.mean()) if solved.size else None,
-                "newly_solved_ci": (list(bootstrap_ci(solved, rng, resamples))
-                                    if solved.size else None)})
-        out[m] = rows
+    for m in arms:
+        acc = np.asarray(arm_acc[m])
+        out[m] = [_bin_row(acc, base, null, (bins == b) & np.isfinite(acc), rng, resamples)
+                  if ((bins == b) & np.isfinite(acc)).any() else None
+                  for b in range(len(BIN_LABELS))]
     return out
 
 
@@ -232,15 +247,20 @@ def blocks(result: dict, figures: dict[str, str], title: str) -> list[tuple]:
             ("p", "Every (build, held-out problem) pair, binned by the base model's probability "
                   "of the problem's reference answer. Change: mean per-problem accuracy after "
                   "minus before; newly solved: share of the base's never-solved pairs the "
-                  "method solves at least once.")]
+                  "method solves at least once; redraw: the same share for the base sampled "
+                  "again on another seed (what chance alone surfaces); beyond: newly solved "
+                  "minus redraw on the same pairs, paired.")]
     for m in METHODS:
         out.append(("table", [f"{m}: bin", "pairs", "base", "after", "change", "95% CI",
-                              "never solved", "newly solved", "95% CI"],
-                    [[label] + (["0", "-", "-", "-", "-", "-", "-", "-"] if r is None else
+                              "never solved", "newly solved", "redraw", "beyond", "95% CI"],
+                    [[label] + (["0"] + ["-"] * 9 if r is None else
                                 [str(r["pairs"]), _pct(r["base"]), _pct(r["after"]),
                                  f"{100 * r['change']:+.1f} pts", _ci(r["change_ci"], 100, 1),
                                  str(r["never_solved"]), _pct(r["newly_solved"]),
-                                 _ci(r["newly_solved_ci"], 100, 1)])
+                                 _pct(r["redraw_solved"]),
+                                 "-" if r["beyond_redraw"] is None
+                                 else f"{100 * r['beyond_redraw']:+.1f} pts",
+                                 _ci(r["beyond_redraw_ci"], 100, 1)])
                      for label, r in zip(d["labels"], d[m])]))
     out.append(("img", figures["difficulty"], "Mean accuracy change per bin of the base's "
                                               "probability of the reference answer."))
@@ -291,15 +311,20 @@ def draw(result: dict, folder: Path) -> dict[str, str]:
         ax.set_ylabel(label)
         ax.legend()
     names["slope"] = _save(fig, folder / "slope_vs_tokens.png")
-    fig, ax = plt.subplots(figsize=(6.5, 4.0))
-    d, width = result["difficulty"], 0.38
-    for i, m in enumerate(METHODS):
-        vals = [0.0 if r is None else 100 * r["change"] for r in d[m]]
-        ax.bar(np.arange(len(vals)) + (i - 0.5) * width, vals, width, color=colors[m], label=m)
-    ax.set_xticks(range(len(d["labels"])), d["labels"], fontsize=8)
-    ax.axhline(0, color="black", lw=0.5)
-    ax.set_ylabel("accuracy change (points)")
-    ax.legend()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.0))
+    d, width = result["difficulty"], 0.27
+    colors[NULL_ARM] = "#999999"
+    for ax, key, arms, label in ((axes[0], "change", METHODS, "accuracy change (points)"),
+                                 (axes[1], "newly_solved", (*METHODS, NULL_ARM),
+                                  "base's never-solved pairs solved (%)")):
+        for i, m in enumerate(arms):
+            vals = [0.0 if r is None or r[key] is None else 100 * r[key] for r in d[m]]
+            ax.bar(np.arange(len(vals)) + (i - (len(arms) - 1) / 2) * width, vals, width,
+                   color=colors[m], label=m)
+        ax.set_xticks(range(len(d["labels"])), d["labels"], fontsize=8)
+        ax.axhline(0, color="black", lw=0.5)
+        ax.set_ylabel(label)
+        ax.legend()
     names["difficulty"] = _save(fig, folder / "difficulty.png")
     return names
 
