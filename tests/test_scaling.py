@@ -83,6 +83,11 @@ def test_change_by_base_difficulty_by_hand():
     d = difficulty_change([cell], np.random.default_rng(0), 100)
     assert (d["grpo"][0]["redraw_solved"], d["grpo"][0]["beyond_redraw"]) == (0.0, 0.5)
     assert d["grpo"][0]["beyond_redraw_ci"] == [0.0, 1.0]
+    # A second GRPO seed that solves nothing: accuracy is the seeds' mean, and "solved" the
+    # share of seeds with a hit (1/2 for problem 0), so two seeds get no more tries than one.
+    cell["models"]["grpo@1"] = {"n": 4, "pass@1": 0.0, "pass@k": 0.0, "correct_P": [0, 0, 0, 0]}
+    g0 = difficulty_change([cell], np.random.default_rng(0), 100)["grpo"][0]
+    assert (g0["after"], g0["newly_solved"], g0["beyond_redraw"]) == (0.125, 0.25, 0.25)
 
 
 def test_analysis_fits_across_builds():

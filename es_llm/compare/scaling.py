@@ -102,15 +102,16 @@ def shared_batch_correlation(cells: list[dict], method: str) -> dict | None:
     return {"mean": float(np.mean(corr)), "pairs": len(corr)} if corr else None
 
 
-def _bin_row(acc: np.ndarray, base: np.ndarray, null: np.ndarray, sel: np.ndarray,
-             rng: np.random.Generator, resamples: int) -> dict:
+def _bin_row(acc: np.ndarray, hit: np.ndarray, base: np.ndarray, null_hit: np.ndarray,
+             sel: np.ndarray, rng: np.random.Generator, resamples: int) -> dict:
     """One bin of one arm: accuracy change over the ``sel`` pairs, and on the base's
-    never-solved ones the share solved, the null's (the redraw's) share, and the paired
-    difference, each with a bootstrap interval over pairs."""
+    never-solved ones the share solved (``hit``: the share of the arm's seeds with a correct
+    sample, so three seeds get no more tries than one), the null's (the redraw's) share, and
+    the paired difference, each with a bootstrap interval over pairs."""
     never = sel & (base == 0)
-    solved = (acc[never] > 0).astype(float)
-    paired = never & np.isfinite(null)
-    beyond = (acc[paired] > 0).astype(float) - (null[paired] > 0).astype(float)
+    solved = hit[never]
+    paired = never & np.isfinite(null_hit)
+    beyond = hit[paired] - null_hit[paired]
     change = acc[sel] - base[sel]
     return {"pairs": int(sel.sum()), "base": float(base[sel].mean()),
             "after": float(acc[sel].mean()), "change": float(change.mean()),
@@ -118,7 +119,7 @@ def _bin_row(acc: np.ndarray, base: np.ndarray, null: np.ndarray, sel: np.ndarra
             "never_solved": int(never.sum()),
             "newly_solved": float(solved.mean()) if solved.size else None,
             "newly_solved_ci": list(bootstrap_ci(solved, rng, resamples)) if solved.size else None,
-            "redraw_solved": float((null[paired] > 0).mean()) if beyond.size else None,
+            "redraw_solved": float(null_hit[paired].mean()) if beyond.size else None,
             "beyond_redraw": float(beyond.mean()) if beyond.size else None,
             "beyond_redraw_ci": list(bootstrap_ci(beyond, rng, resamples)) if beyond.size else None}
 
@@ -131,24 +132,31 @@ def difficulty_change(cells: list[dict], rng: np.random.Generator, resamples: in
     samples can come up in the next n by chance alone), with bootstrap intervals over
     pairs."""
     arms = (*METHODS, NULL_ARM)
-    base_logp, base_acc, arm_acc = [], [], {m: [] for m in arms}
+    base_logp, base_acc = [], []
+    arm_acc, arm_hit = {m: [] for m in arms}, {m: [] for m in arms}
     for c in cells:
         n_b = c["models"]["base"]["n"]
         base_logp += c["reference_logp"]
         base_acc += [x / n_b for x in c["models"]["base"]["correct_P"]]
         for m in arms:
             seeds = [v for k, v in c["models"].items() if k.split("@")[0] == m]
-            arm_acc[m] += (np.mean([[x / s["n"] for x in s["correct_P"]] for s in seeds],
-                                   axis=0).tolist() if seeds
-                           else [math.nan] * len(c["reference_logp"]))
+            if not seeds:
+                arm_acc[m] += [math.nan] * len(c["reference_logp"])
+                arm_hit[m] += [math.nan] * len(c["reference_logp"])
+                continue
+            correct_S_P = np.asarray([s["correct_P"] for s in seeds], dtype=np.float64)
+            n_S = np.asarray([[s["n"]] for s in seeds], dtype=np.float64)
+            arm_acc[m] += (correct_S_P / n_S).mean(axis=0).tolist()
+            arm_hit[m] += (correct_S_P > 0).mean(axis=0).tolist()
     log10 = np.asarray(base_logp) / math.log(10)
     bins = np.digitize(log10, LOG10_EDGES)
-    base, null = np.asarray(base_acc), np.asarray(arm_acc[NULL_ARM])
+    base, null_hit = np.asarray(base_acc), np.asarray(arm_hit[NULL_ARM])
     out = {"labels": list(BIN_LABELS), "pairs": [int((bins == b).sum())
                                                  for b in range(len(BIN_LABELS))]}
     for m in arms:
-        acc = np.asarray(arm_acc[m])
-        out[m] = [_bin_row(acc, base, null, (bins == b) & np.isfinite(acc), rng, resamples)
+        acc, hit = np.asarray(arm_acc[m]), np.asarray(arm_hit[m])
+        out[m] = [_bin_row(acc, hit, base, null_hit, (bins == b) & np.isfinite(acc), rng,
+                           resamples)
                   if ((bins == b) & np.isfinite(acc)).any() else None
                   for b in range(len(BIN_LABELS))]
     return out
