@@ -70,24 +70,28 @@ def test_change_by_base_difficulty_by_hand():
     assert d["grpo"][2] is None and d["grpo"][3]["change"] == pytest.approx(0.25)
     assert d["es"][0]["newly_solved"] == 0.5 and d["es"][3]["change"] == 0.0
     assert d["es"][3]["never_solved"] == 0 and d["es"][3]["newly_solved"] is None
-    # Without a redraw there is no null: nothing beyond it.
-    assert g0["beyond_redraw"] is None and d["redraw"] == [None] * 4
-    # The redraw solves problem 1 (0 of 4 before): GRPO solved problem 0 and ES problem 1, so
-    # beyond the redraw, paired over the two never-solved pairs: GRPO (1-0 + 0-1)/2 = 0, ES
-    # (0-0 + 1-1)/2 = 0; the redraw itself newly solves 1 of 2.
-    cell["models"]["redraw"] = {"n": 4, "pass@1": 0.0, "pass@k": 0.0, "correct_P": [0, 2, 1, 3]}
+    # Without a redraw the base's own zero-hit pairs, and no base share.
+    assert d["null"] is None and g0["beyond_base"] is None and g0["base_solved"] is None
+    # A redraw that solved problem 0 and 3 but not 1 or 2: never solved now means problems 1
+    # (bin 0) and 2 (bin 1). Bin 0: GRPO 0/4 on problem 1, ES 1/4, the base 0/4: GRPO 0 and
+    # ES 1 of 1, beyond the base 0 and +1. Bin 1: the base solved problem 2 (1/4), GRPO
+    # and ES too: shares 1, 1, beyond 0.
+    cell["models"]["redraw"] = {"n": 4, "pass@1": 0.0, "pass@k": 0.0, "correct_P": [1, 0, 0, 2]}
     d = difficulty_change([cell], np.random.default_rng(0), 100)
-    assert d["grpo"][0]["redraw_solved"] == 0.5 and d["grpo"][0]["beyond_redraw"] == 0.0
-    assert d["es"][0]["beyond_redraw"] == 0.0 and d["redraw"][0]["newly_solved"] == 0.5
-    cell["models"]["redraw"]["correct_P"] = [0, 0, 1, 3]  # the redraw surfaces nothing
-    d = difficulty_change([cell], np.random.default_rng(0), 100)
-    assert (d["grpo"][0]["redraw_solved"], d["grpo"][0]["beyond_redraw"]) == (0.0, 0.5)
-    assert d["grpo"][0]["beyond_redraw_ci"] == [0.0, 1.0]
-    # A second GRPO seed that solves nothing: accuracy is the seeds' mean, and "solved" the
-    # share of seeds with a hit (1/2 for problem 0), so two seeds get no more tries than one.
-    cell["models"]["grpo@1"] = {"n": 4, "pass@1": 0.0, "pass@k": 0.0, "correct_P": [0, 0, 0, 0]}
+    assert d["null"] == "redraw"
+    g0, e0, g1 = d["grpo"][0], d["es"][0], d["grpo"][1]
+    assert (g0["never_solved"], g0["newly_solved"], g0["base_solved"], g0["beyond_base"]) == (
+        1, 0.0, 0.0, 0.0)
+    assert (e0["newly_solved"], e0["beyond_base"], e0["beyond_base_ci"]) == (1.0, 1.0, [1.0, 1.0])
+    assert (g1["never_solved"], g1["newly_solved"], g1["base_solved"], g1["beyond_base"]) == (
+        1, 1.0, 1.0, 0.0)
+    assert g0["change"] == 0.25  # the change is still over every pair of the bin
+    # A second GRPO seed that solves problem 1 where seed 0 did not: accuracy is the seeds'
+    # mean and "solves" the share of seeds with a hit (1/2), so two seeds get no more tries
+    # than one.
+    cell["models"]["grpo@1"] = {"n": 4, "pass@1": 0.0, "pass@k": 0.0, "correct_P": [0, 2, 0, 0]}
     g0 = difficulty_change([cell], np.random.default_rng(0), 100)["grpo"][0]
-    assert (g0["after"], g0["newly_solved"], g0["beyond_redraw"]) == (0.125, 0.25, 0.25)
+    assert (g0["after"], g0["newly_solved"], g0["beyond_base"]) == (0.25, 0.5, 0.5)
 
 
 def test_analysis_fits_across_builds():

@@ -23,9 +23,10 @@ surfacing nearly absent ones on hard puzzles), each asked of GRPO and of ES:
   model's log-probability of the problem's reference answer; per bin, the mean change of
   per-problem accuracy (c/n after minus before) and the share of the base's never-solved
   problems the method solves, with bootstrap intervals over pairs. Departure from the
-  source: that share is also given beyond a null, the base sampled again on another seed
-  (the ``redraw`` arm), since problems picked for having no hit in n samples come up in the
-  next n by chance alone.
+  source: problems picked for having no hit in n samples come up in the next n by chance
+  alone, so the never-solved pairs are picked by a second draw of the base (``redraw``,
+  another sampling seed) and the method's share is set against the base's own on the same
+  pairs and seed.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from es_llm.metrics.fits import curve_slope, line_band, linear_fit
 from es_llm.metrics.passk import bootstrap_ci
 
 METHODS = ("grpo", "es")
-# The base evaluated again on another sampling seed: the null arm of "newly solved".
+# The base evaluated again on another sampling seed: the draw that picks "never solved".
 NULL_ARM = "redraw"
 # Bin edges of the base log10-probability of the reference answer: nearly absent, rare,
 # plausible, already preferred.
@@ -102,62 +103,69 @@ def shared_batch_correlation(cells: list[dict], method: str) -> dict | None:
     return {"mean": float(np.mean(corr)), "pairs": len(corr)} if corr else None
 
 
-def _bin_row(acc: np.ndarray, hit: np.ndarray, base: np.ndarray, null_hit: np.ndarray,
-             sel: np.ndarray, rng: np.random.Generator, resamples: int) -> dict:
-    """One bin of one arm: accuracy change over the ``sel`` pairs, and on the base's
-    never-solved ones the share solved (``hit``: the share of the arm's seeds with a correct
-    sample, so three seeds get no more tries than one), the null's (the redraw's) share, and
-    the paired difference, each with a bootstrap interval over pairs."""
-    never = sel & (base == 0)
-    solved = hit[never]
-    paired = never & np.isfinite(null_hit)
-    beyond = hit[paired] - null_hit[paired]
+def _bin_row(acc: np.ndarray, hit: np.ndarray, base: np.ndarray, base_hit: np.ndarray | None,
+             never: np.ndarray, sel: np.ndarray, rng: np.random.Generator,
+             resamples: int) -> dict:
+    """One bin (``sel``) of one method: the accuracy change over its pairs, and on its
+    ``never``-solved pairs the share the method solves (``hit``: the share of its seeds with
+    a correct sample, so three seeds get no more tries than one), the share the base's draw
+    solves (``base_hit``; None: no share), and their paired difference, each with a
+    bootstrap interval over pairs."""
+    never = sel & never
     change = acc[sel] - base[sel]
+    ci = (lambda x: list(bootstrap_ci(x, rng, resamples)) if x.size else None)
+    mean = (lambda x: float(x.mean()) if x.size else None)
+    beyond = hit[never] - base_hit[never] if base_hit is not None else np.empty(0)
     return {"pairs": int(sel.sum()), "base": float(base[sel].mean()),
             "after": float(acc[sel].mean()), "change": float(change.mean()),
-            "change_ci": list(bootstrap_ci(change, rng, resamples)),
-            "never_solved": int(never.sum()),
-            "newly_solved": float(solved.mean()) if solved.size else None,
-            "newly_solved_ci": list(bootstrap_ci(solved, rng, resamples)) if solved.size else None,
-            "redraw_solved": float(null_hit[paired].mean()) if beyond.size else None,
-            "beyond_redraw": float(beyond.mean()) if beyond.size else None,
-            "beyond_redraw_ci": list(bootstrap_ci(beyond, rng, resamples)) if beyond.size else None}
+            "change_ci": ci(change), "never_solved": int(never.sum()),
+            "newly_solved": mean(hit[never]), "newly_solved_ci": ci(hit[never]),
+            "base_solved": mean(base_hit[never]) if base_hit is not None else None,
+            "beyond_base": mean(beyond), "beyond_base_ci": ci(beyond)}
 
 
 def difficulty_change(cells: list[dict], rng: np.random.Generator, resamples: int) -> dict:
-    """Per arm (each method, and ``redraw``: the base sampled again on another seed) and bin
-    of the base's log-probability of the reference: the pairs, the base's and the arm's
-    mean accuracy, the mean change, the share of the base's never-solved pairs solved, and
-    that share beyond the redraw's on the same pairs (a problem the base never solved in n
-    samples can come up in the next n by chance alone), with bootstrap intervals over
-    pairs."""
-    arms = (*METHODS, NULL_ARM)
-    base_logp, base_acc = [], []
-    arm_acc, arm_hit = {m: [] for m in arms}, {m: [] for m in arms}
+    """Per method and bin of the base's log-probability of the reference: the pairs, the
+    base's and the method's mean accuracy and the mean change; and on the pairs the base
+    never solved, the share the method solves against the share the base solves.
+
+    Which pairs count as never solved is decided by the ``redraw`` (the base sampled again
+    on another seed) when every cell has one: then neither the method's nor the base's
+    evaluation picked the pairs, so chance alone (problems chosen for no hit in n samples
+    come up in the next n) lifts both alike, and as both are sampled on the same seed, a
+    method that did not move scores exactly the base. Without a redraw the pairs are the
+    base's own zero-hit ones, and no base share is given (it would be 0 by construction).
+    Intervals: bootstrap over pairs."""
+    base_logp, base_acc, redraw_acc = [], [], []
+    acc, hit = {m: [] for m in METHODS}, {m: [] for m in METHODS}
     for c in cells:
         n_b = c["models"]["base"]["n"]
         base_logp += c["reference_logp"]
         base_acc += [x / n_b for x in c["models"]["base"]["correct_P"]]
-        for m in arms:
+        redraw = c["models"].get(NULL_ARM)
+        redraw_acc += ([x / redraw["n"] for x in redraw["correct_P"]] if redraw
+                       else [math.nan] * len(c["reference_logp"]))
+        for m in METHODS:
             seeds = [v for k, v in c["models"].items() if k.split("@")[0] == m]
             if not seeds:
-                arm_acc[m] += [math.nan] * len(c["reference_logp"])
-                arm_hit[m] += [math.nan] * len(c["reference_logp"])
+                acc[m] += [math.nan] * len(c["reference_logp"])
+                hit[m] += [math.nan] * len(c["reference_logp"])
                 continue
             correct_S_P = np.asarray([s["correct_P"] for s in seeds], dtype=np.float64)
             n_S = np.asarray([[s["n"]] for s in seeds], dtype=np.float64)
-            arm_acc[m] += (correct_S_P / n_S).mean(axis=0).tolist()
-            arm_hit[m] += (correct_S_P > 0).mean(axis=0).tolist()
-    log10 = np.asarray(base_logp) / math.log(10)
-    bins = np.digitize(log10, LOG10_EDGES)
-    base, null_hit = np.asarray(base_acc), np.asarray(arm_hit[NULL_ARM])
-    out = {"labels": list(BIN_LABELS), "pairs": [int((bins == b).sum())
-                                                 for b in range(len(BIN_LABELS))]}
-    for m in arms:
-        acc, hit = np.asarray(arm_acc[m]), np.asarray(arm_hit[m])
-        out[m] = [_bin_row(acc, hit, base, null_hit, (bins == b) & np.isfinite(acc), rng,
-                           resamples)
-                  if ((bins == b) & np.isfinite(acc)).any() else None
+            acc[m] += (correct_S_P / n_S).mean(axis=0).tolist()
+            hit[m] += (correct_S_P > 0).mean(axis=0).tolist()
+    bins = np.digitize(np.asarray(base_logp) / math.log(10), LOG10_EDGES)
+    base, redraw = np.asarray(base_acc), np.asarray(redraw_acc)
+    null = bool(np.isfinite(redraw).all())
+    never = (redraw == 0) if null else (base == 0)
+    base_hit = (base > 0).astype(float) if null else None
+    out = {"labels": list(BIN_LABELS), "null": NULL_ARM if null else None,
+           "pairs": [int((bins == b).sum()) for b in range(len(BIN_LABELS))]}
+    for m in METHODS:
+        a, h = np.asarray(acc[m]), np.asarray(hit[m])
+        out[m] = [_bin_row(a, h, base, base_hit, never, (bins == b) & np.isfinite(a), rng,
+                           resamples) if ((bins == b) & np.isfinite(a)).any() else None
                   for b in range(len(BIN_LABELS))]
     return out
 
@@ -254,24 +262,30 @@ def blocks(result: dict, figures: dict[str, str], title: str) -> list[tuple]:
     out += [("h", 2, "Change by base difficulty"),
             ("p", "Every (build, held-out problem) pair, binned by the base model's probability "
                   "of the problem's reference answer. Change: mean per-problem accuracy after "
-                  "minus before; newly solved: share of the base's never-solved pairs the "
-                  "method solves at least once; redraw: the same share for the base sampled "
-                  "again on another seed (what chance alone surfaces); beyond: newly solved "
-                  "minus redraw on the same pairs, paired.")]
+                  "minus before. Never solved: pairs with no correct sample in "
+                  + ("the base's second draw (another sampling seed); method solves and base "
+                     "solves: the share of them each solves on the evaluation seed, so chance "
+                     "lifts both alike; beyond: the paired difference."
+                     if d.get("null") else
+                     "the base's own draw (no second draw: chance and the method are not "
+                     "told apart)."))]
     for m in METHODS:
         out.append(("table", [f"{m}: bin", "pairs", "base", "after", "change", "95% CI",
-                              "never solved", "newly solved", "redraw", "beyond", "95% CI"],
+                              "never solved", "method solves", "base solves", "beyond",
+                              "95% CI"],
                     [[label] + (["0"] + ["-"] * 9 if r is None else
                                 [str(r["pairs"]), _pct(r["base"]), _pct(r["after"]),
                                  f"{100 * r['change']:+.1f} pts", _ci(r["change_ci"], 100, 1),
                                  str(r["never_solved"]), _pct(r["newly_solved"]),
-                                 _pct(r["redraw_solved"]),
-                                 "-" if r["beyond_redraw"] is None
-                                 else f"{100 * r['beyond_redraw']:+.1f} pts",
-                                 _ci(r["beyond_redraw_ci"], 100, 1)])
+                                 _pct(r["base_solved"]),
+                                 "-" if r["beyond_base"] is None
+                                 else f"{100 * r['beyond_base']:+.1f} pts",
+                                 _ci(r["beyond_base_ci"], 100, 1)])
                      for label, r in zip(d["labels"], d[m])]))
-    out.append(("img", figures["difficulty"], "Mean accuracy change per bin of the base's "
-                                              "probability of the reference answer."))
+    out.append(("img", figures["difficulty"], "Per bin of the base's probability of the "
+                                              "reference answer: mean accuracy change (left) "
+                                              "and the never-solved pairs each model solves "
+                                              "(right)."))
     return out
 
 
@@ -321,14 +335,16 @@ def draw(result: dict, folder: Path) -> dict[str, str]:
     names["slope"] = _save(fig, folder / "slope_vs_tokens.png")
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.0))
     d, width = result["difficulty"], 0.27
-    colors[NULL_ARM] = "#999999"
-    for ax, key, arms, label in ((axes[0], "change", METHODS, "accuracy change (points)"),
-                                 (axes[1], "newly_solved", (*METHODS, NULL_ARM),
-                                  "base's never-solved pairs solved (%)")):
-        for i, m in enumerate(arms):
+    # The base's share on the never-solved pairs (the same in every method's rows).
+    bars = {"change": [(m, m, "change") for m in METHODS],
+            "solved": [(m, m, "newly_solved") for m in METHODS] + [("base", METHODS[0],
+                                                                    "base_solved")]}
+    for ax, panel, label in ((axes[0], "change", "accuracy change (points)"),
+                             (axes[1], "solved", "never-solved pairs solved (%)")):
+        for i, (name, m, key) in enumerate(bars[panel]):
             vals = [0.0 if r is None or r[key] is None else 100 * r[key] for r in d[m]]
-            ax.bar(np.arange(len(vals)) + (i - (len(arms) - 1) / 2) * width, vals, width,
-                   color=colors[m], label=m)
+            ax.bar(np.arange(len(vals)) + (i - (len(bars[panel]) - 1) / 2) * width, vals,
+                   width, color=colors[name], label=name)
         ax.set_xticks(range(len(d["labels"])), d["labels"], fontsize=8)
         ax.axhline(0, color="black", lw=0.5)
         ax.set_ylabel(label)
