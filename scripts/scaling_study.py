@@ -2,10 +2,10 @@
 over model size and pretraining steps, each build's loss on a held-out stream, an SFT stage on
 worked traces where the domain has them, a fixed-budget GRPO run and a fixed-budget ES run
 from every build, every model evaluated on the domain's held-out set (the base twice, on two
-sampling seeds: the second draw is the null for "newly solved"), and the analysis
+sampling seeds: the second draw picks the problems the base never solves), and the analysis
 (``es_llm.compare.scaling``): post-training accuracy against pretraining loss, reward-curve
-slopes against pretraining tokens, and the change per problem by the base model's
-probability of the reference answer.
+slopes and held-out gains against pretraining tokens, and the change per problem by the
+base model's probability of the reference answer.
 
     python scripts/scaling_study.py --config configs/scaling_countdown.yaml --out runs/scaling
 
@@ -13,9 +13,11 @@ Each stage is a plain `es-llm` command (printed, appended to OUT/commands.txt) a
 when its output is complete, so rerunning the command finishes an interrupted study (a build
 already there must have been made with the study's config, or the study stops before
 anything runs, as it does when OUT's finished stages were made with other SFT, training or
-evaluation settings). Writes OUT/builds/<cell>/ (the build and study.json: held-out loss, tokens, the base's reference log-probabilities),
-OUT/sft/<cell>/, OUT/runs/<cell>/<method>-seed<k>/, OUT/eval/<cell>/<model>/ and the report
-in OUT/report/ (report.md, report.html, figures/, scaling.json with every number).
+evaluation settings). Writes OUT/builds/<cell>/ (the build and study.json: held-out loss,
+tokens, the base's reference log-probabilities), OUT/sft/<cell>/,
+OUT/runs/<cell>/<method>-seed<k>/, OUT/eval/<cell>/<model>/, OUT/stage_times.jsonl (each
+stage's seconds) and the report in OUT/report/ (report.md, report.html, figures/,
+scaling.json with every number).
 """
 
 from __future__ import annotations
@@ -274,8 +276,8 @@ def run_cell(cfg: ScalingConfig, out: Path, size: str, steps: int, run) -> dict:
             write_json_atomic(folder / "study.json", measure(cfg, build, base, size, steps))
     study = json.loads((folder / "study.json").read_text())
     data = build / "data" / f"{cfg.domain}_eval.jsonl"
-    # "redraw": the base sampled again on another seed, the null for "newly solved" (a
-    # problem the base never solved in n samples can come up in the next n by chance alone).
+    # "redraw": the base sampled again on another seed. It picks the never-solved problems, so
+    # that neither the base's evaluation nor a method's (both on the evaluation seed) does.
     models = {"base": base, "redraw": base}
     for seed in cfg.seeds_of(cell):
         for kind, trainer, key in (("grpo", cfg.grpo, "steps"), ("es", cfg.es, "iterations")):
@@ -283,9 +285,10 @@ def run_cell(cfg: ScalingConfig, out: Path, size: str, steps: int, run) -> dict:
             if not finished(run_dir, trainer.length):
                 shutil.rmtree(run_dir, ignore_errors=True)
                 shutil.rmtree(out / "eval" / cell / f"{kind}@{seed}", ignore_errors=True)
-                run(es_llm_command(kind, cfg.ranks) + ["--config", ROOT / trainer.config, "--out", run_dir,
-                                          "--no-progress", f"model={base}", f"seed={seed}",
-                                          f"{key}={trainer.length}", *trainer.overrides])
+                run(es_llm_command(kind, cfg.ranks) + [
+                    "--config", ROOT / trainer.config, "--out", run_dir, "--no-progress",
+                    f"model={base}", f"seed={seed}", f"{key}={trainer.length}",
+                    *trainer.overrides])
             models[f"{kind}@{seed}"] = run_dir / "checkpoints" / "final"
     for name, model in models.items():
         _eval(cfg, model, data, out / "eval" / cell / name, run,

@@ -191,7 +191,9 @@ def _pct(x: float | None) -> str:
 
 
 def _ci(lo_hi, scale: float = 1.0, digits: int = 3) -> str:
-    return "-" if lo_hi is None else f"[{scale * lo_hi[0]:+.{digits}f}, {scale * lo_hi[1]:+.{digits}f}]"
+    if lo_hi is None:
+        return "-"
+    return f"[{scale * lo_hi[0]:+.{digits}f}, {scale * lo_hi[1]:+.{digits}f}]"
 
 
 def _fit_cell(fit: dict | None, scale: float = 1.0) -> list[str]:
