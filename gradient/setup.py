@@ -201,9 +201,9 @@ def build(cfg: GRPORunConfig, resume_from: Path | None = None):
                      for it in saved["replay"]["items"]]
             state.replay.load_state_dict({**saved["replay"], "items": items})
     chosen = choose_backend(cfg.backend, cfg.model)
-    sync = None  # the HF sampler decodes with the policy's own weights
+    # The HF and diffusion samplers decode with the policy itself: no weight sync.
+    sync = None
     if diffusion:
-        # The sampler decodes with the policy itself, so updates need no weight sync.
         from es_llm.backends.diffusion import DiffusionBackend
         backend = DiffusionBackend(start, model=model, tokenizer=tokenizer, device=cfg.device,
                                    sampling=saved_sampling(cfg.model), batch_size=cfg.micro_batch,

@@ -248,6 +248,8 @@ def _eval(cfg: ScalingConfig, model: Path, data: Path, out: Path, run, seed: int
 
 def run_cell(cfg: ScalingConfig, out: Path, size: str, steps: int, run) -> dict:
     """Every stage of one build; its collected numbers."""
+    from es_llm.compare.scaling import NULL_ARM
+
     cell = f"{size}-{steps}"
     folder = out / "builds" / cell
     if not (folder / "testbed.json").is_file():
@@ -276,9 +278,9 @@ def run_cell(cfg: ScalingConfig, out: Path, size: str, steps: int, run) -> dict:
             write_json_atomic(folder / "study.json", measure(cfg, build, base, size, steps))
     study = json.loads((folder / "study.json").read_text())
     data = build / "data" / f"{cfg.domain}_eval.jsonl"
-    # "redraw": the base sampled again on another seed. It picks the never-solved problems, so
-    # that neither the base's evaluation nor a method's (both on the evaluation seed) does.
-    models = {"base": base, "redraw": base}
+    # NULL_ARM: the base sampled again on the next seed. It picks the never-solved problems,
+    # so that neither the base's evaluation nor a method's (both on the evaluation seed) does.
+    models = {"base": base, NULL_ARM: base}
     for seed in cfg.seeds_of(cell):
         for kind, trainer, key in (("grpo", cfg.grpo, "steps"), ("es", cfg.es, "iterations")):
             run_dir = out / "runs" / cell / f"{kind}-seed{seed}"
@@ -291,8 +293,8 @@ def run_cell(cfg: ScalingConfig, out: Path, size: str, steps: int, run) -> dict:
                     *trainer.overrides])
             models[f"{kind}@{seed}"] = run_dir / "checkpoints" / "final"
     for name, model in models.items():
-        _eval(cfg, model, data, out / "eval" / cell / name, run,
-              cfg.eval.seed + (name == "redraw"))
+        seed = cfg.eval.seed + 1 if name == NULL_ARM else cfg.eval.seed
+        _eval(cfg, model, data, out / "eval" / cell / name, run, seed)
     return collect(study, out, models)
 
 

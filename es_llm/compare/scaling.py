@@ -164,9 +164,9 @@ def difficulty_change(cells: list[dict], rng: np.random.Generator, resamples: in
            "pairs": [int((bins == b).sum()) for b in range(len(BIN_LABELS))]}
     for m in METHODS:
         a, h = np.asarray(acc[m]), np.asarray(hit[m])
-        out[m] = [_bin_row(a, h, base, base_hit, never, (bins == b) & np.isfinite(a), rng,
-                           resamples) if ((bins == b) & np.isfinite(a)).any() else None
-                  for b in range(len(BIN_LABELS))]
+        sel_B = [(bins == b) & np.isfinite(a) for b in range(len(BIN_LABELS))]
+        out[m] = [_bin_row(a, h, base, base_hit, never, sel, rng, resamples) if sel.any()
+                  else None for sel in sel_B]
     return out
 
 
