@@ -16,7 +16,7 @@ import textwrap
 import traceback
 from pathlib import Path
 
-from es_llm.errors import BadInput
+from es_llm.errors import BadInput, NonFinite, exit_status
 from es_llm.testbed import SIZES
 
 # What `es-llm es --resume` may override: the run's length and its checkpoint, checksum and
@@ -382,12 +382,18 @@ def run_es(args) -> None:
     except BaseException as exc:
         if comm.size == 1:
             raise
+        if isinstance(exc, NonFinite):
+            # Every rank stopped at the same update together (the engine's barrier): rank 0
+            # says why, the others end quietly with the same status.
+            if comm.rank == 0:
+                raise
+            raise SystemExit(exc.status) from None
         # One rank failing alone would leave the others waiting in the next exchange (and in
         # MPI_Finalize): end the whole job with the reason.
-        bad = isinstance(exc, BadInput)
-        comm.abort(f"es-llm es: error: {exc}" if bad else
+        status = exit_status(exc)
+        comm.abort(f"es-llm es: error: {exc}" if status is not None else
                    f"es-llm es: rank {comm.rank} failed:\n{traceback.format_exc()}",
-                   code=2 if bad else 1)
+                   code=status or 1)
 
 
 def _es_rank(args, cfg, comm, out: Path) -> None:
@@ -465,8 +471,8 @@ def main(argv: list[str] | None = None) -> int:
         commands.update({name: c.run for name, c in plugins.items()})
         commands[args.command](args)
         status = 0
-    except BadInput as exc:
-        status, message = 2, f"es-llm {args.command}: error: {exc}"
+    except (BadInput, NonFinite) as exc:
+        status, message = exit_status(exc), f"es-llm {args.command}: error: {exc}"
     except KeyboardInterrupt:
         message = f"es-llm {args.command}: interrupted"
     finally:

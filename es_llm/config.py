@@ -149,10 +149,17 @@ def from_dict(cls: type[C], data: dict, prefix: str = "") -> C:
             f"{', '.join(prefix + k for k in fields)}."
         )
     kwargs = {name: _coerce(value, hints[name], prefix + name) for name, value in data.items()}
+    section = prefix.rstrip(".")
     try:
         return cls(**kwargs)
     except TypeError as exc:
-        raise BadInput(f"config section '{prefix.rstrip('.') or cls.__name__}' is incomplete: {exc}.")
+        raise BadInput(f"config section '{section or cls.__name__}' is incomplete: {exc}.")
+    except BadInput as exc:
+        # A section used under several names (sampling, search, eval) validates its fields
+        # without knowing its own: name the section unless the message already does.
+        if section and f"{section}." not in str(exc) and f"'{section}" not in str(exc):
+            raise BadInput(f"in config section '{section}': {exc}") from None
+        raise
 
 
 def to_dict(cfg: Any) -> dict:

@@ -20,6 +20,7 @@ from es_llm.io import write_json_atomic, write_jsonl_atomic, write_text_atomic
 from es_llm.metrics.summary import evaluation_metrics, format_table
 from es_llm.run_folder import check_out_path
 from es_llm.tasks import Problem, TaskConfig, build_task
+from es_llm.tasks.base import too_long_notice
 
 
 @dataclass(frozen=True)
@@ -203,6 +204,10 @@ def evaluate(cfg: EvalConfig, out: str | Path, progress: bool = True, echo=print
                        "samples_per_s": round(len(rows) / max(t_gen, 1e-9), 1)}
     metrics["config"] = {"model": cfg.model, "task": cfg.task.name, "data": cfg.task.data,
                          "backend": backend.name}
+    metrics["too_long"] = sum(bool(r["too_long"]) for r in rows)
+    if metrics["too_long"]:
+        echo(too_long_notice(metrics["too_long"], cfg.task.max_completion_chars,
+                             "of this evaluation", "too_long"))
     write_text_atomic(out / "config.yaml", run_config_yaml(cfg))
     write_jsonl_atomic(out / "samples.jsonl", rows)
     write_json_atomic(out / "metrics.json", metrics)

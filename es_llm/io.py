@@ -84,10 +84,16 @@ def jsonl_lines(path: str | Path, what: str) -> list[tuple[int, str, object]]:
     """``(line number, line, parsed value or None)`` for every non-blank line of a JSONL file
     that users give (its values are checked by the caller); BadInput naming ``what`` when
     the file cannot be read as UTF-8 text."""
+    from es_llm.errors import BadInput
+
+    # A device or a pipe would be read forever (/dev/zero) or block (a FIFO).
+    if not Path(path).is_file():
+        raise BadInput(f"{what} {str(path)!r} is not a regular file"
+                       + (" (it does not exist)" if not Path(path).exists() else "")
+                       + "; give a JSONL file.")
     try:
         lines = Path(path).read_text().splitlines()
     except (OSError, UnicodeDecodeError) as exc:
-        from es_llm.errors import BadInput
         raise BadInput(f"cannot read {what} {str(path)!r} as UTF-8 text (JSONL): "
                        f"{exc.__class__.__name__}.") from None
     out = []

@@ -19,6 +19,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from es_llm.errors import BadInput
+
 
 def log_name(rank: int = 0) -> str:
     return "log.txt" if rank == 0 else f"log.rank{rank}.txt"
@@ -67,9 +69,14 @@ class LibraryLog:
             return
         target = Path(folder) / log_name(rank)
         sys.__stderr__.flush()
-        with open(target, "ab") as out, open(self.path, "rb") as early:
-            shutil.copyfileobj(early, out)
-        fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+        try:
+            with open(target, "ab") as out, open(self.path, "rb") as early:
+                shutil.copyfileobj(early, out)
+            fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+        except OSError as exc:
+            # The log stays in its temporary file, which finish() then names or removes.
+            raise BadInput(f"could not write the log {str(target)!r} ({exc.strerror or exc}); "
+                           f"give an --out folder this user can write.") from None
         os.dup2(fd, 2)
         os.close(fd)
         self.path.unlink(missing_ok=True)

@@ -4,6 +4,8 @@ change, and errors that name the file a run could not write."""
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -17,8 +19,10 @@ RUN_FILES = ("config.yaml", "metrics.jsonl", "ledger.jsonl")
 
 
 def check_out_path(path: str | Path, flag: str = "--out") -> Path:
-    """``path`` as a Path, if it can be a folder: refuses an existing file and a symbolic
-    link to nothing (``mkdir`` would fail on either, deep inside the run)."""
+    """``path`` as a Path, once it is shown that it can be a folder this process writes in:
+    an existing file, a symbolic link to nothing, a path below a file and a place where
+    nothing can be created (``/proc``, a read-only or immutable folder, a full disk) are
+    refused up front, not after the work. Nothing is left behind by the proof."""
     p = Path(path)
     if p.is_symlink() and not p.exists():
         raise BadInput(f"{flag} {str(p)!r} is a symbolic link to {str(p.readlink())!r}, which "
@@ -26,7 +30,30 @@ def check_out_path(path: str | Path, flag: str = "--out") -> Path:
     if p.exists() and not p.is_dir():
         raise BadInput(f"{flag} {str(p)!r} exists and is not a folder; give a new or existing "
                        f"folder.")
+    parent = p.absolute()
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise BadInput(f"{flag} {str(p)!r} cannot be created: {str(parent)!r} is a file, not a "
+                       f"folder; give a path under a folder.")
+    _probe_writable(p, parent, flag)
     return p
+
+
+def _probe_writable(p: Path, parent: Path, flag: str) -> None:
+    """Create a folder and a file in ``parent`` (``p`` itself, or its nearest existing
+    ancestor) and remove them again; BadInput naming the reason when that fails."""
+    probe = None
+    try:
+        probe = Path(tempfile.mkdtemp(dir=parent, prefix=".es-llm-probe-"))
+        (probe / "probe").write_bytes(b"0")
+    except OSError as exc:
+        where = "written in" if parent == p.absolute() else f"created in {str(parent)!r}"
+        raise BadInput(f"{flag} {str(p)!r} cannot be {where} ({exc.strerror or exc}); give a "
+                       f"folder this user can create and write.") from None
+    finally:
+        if probe is not None:
+            shutil.rmtree(probe, ignore_errors=True)
 
 
 def holds_run(folder: Path) -> bool:
@@ -142,6 +169,13 @@ class AppendLog:
             self._file.flush()
         except OSError as exc:
             raise write_failed(self.path, exc, self.resume) from None
+
+    def write_row(self, row: dict) -> None:
+        """One JSON line of ``row``, any NaN or inf written as null and named under
+        ``nonfinite`` (``finite.finite_row``): a bare NaN is not JSON."""
+        from es_llm.finite import finite_row
+
+        self.write(json.dumps(finite_row(row), allow_nan=False) + "\n")
 
     def close(self) -> None:
         try:

@@ -32,6 +32,10 @@ def _is_modes():
     return IS_MODES
 
 
+# The largest float32 (torch.finfo(torch.float32).max), without importing torch here.
+FLOAT32_MAX = 3.4028234663852886e38
+
+
 def _positive(owner: str, obj, *names: str) -> None:
     for name in names:
         if not getattr(obj, name) > 0:
@@ -298,6 +302,15 @@ class OptimSettings:
 
     def __post_init__(self):
         _positive("optim", self, "lr")
+        if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1):
+            raise BadInput(f"optim.beta1 and optim.beta2 must lie in [0, 1) (AdamW's moment "
+                           f"decays), got {self.beta1!r} and {self.beta2!r}.")
+        # AdamW's first step is lr / (1 - beta1) times a unit-size direction; torch refuses
+        # a step size beyond the float32 range outright.
+        if self.lr / (1 - self.beta1) >= FLOAT32_MAX:
+            raise BadInput(f"optim.lr={self.lr:g} makes AdamW's first step size lr / (1 - "
+                           f"beta1) overflow float32 (largest {FLOAT32_MAX:.4g}); give a "
+                           f"learning rate below {FLOAT32_MAX * (1 - self.beta1):.4g}.")
         if self.grad_clip < 0 or self.weight_decay < 0 or self.warmup_steps < 0:
             raise BadInput("optim.grad_clip, optim.weight_decay and optim.warmup_steps must "
                            "be >= 0.")
@@ -307,6 +320,12 @@ class OptimSettings:
         import torch
         return torch.optim.AdamW(params, lr=self.lr, betas=(self.beta1, self.beta2),
                                  weight_decay=self.weight_decay)
+
+    def advice(self) -> str:
+        """What to change when a run under these settings diverged."""
+        return (f"Lower optim.lr (now {self.lr:g})"
+                + ("" if self.grad_clip else ", set optim.grad_clip (now 0, off)")
+                + ("" if self.warmup_steps else " or warm it up (optim.warmup_steps)"))
 
     def set_lr(self, optimizer, step: int) -> None:
         """The learning rate of optimizer step ``step`` (0-based) after the linear warmup: a

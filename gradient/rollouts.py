@@ -32,6 +32,7 @@ class Groups:
     rewards_P_G: torch.Tensor = None      # float64, after overlong shaping
     correct_P_G: torch.Tensor = None      # bool
     truncated_P_G: torch.Tensor = None    # bool: stopped by max_tokens
+    too_long_P_G: torch.Tensor = None     # bool: beyond task.max_completion_chars, unread
     prefix_P: list[float] = field(default_factory=list)              # fraction given
     # What a diffusion sampler saw per row (DiffusionTrace), None for autoregressive rows.
     traces: list = field(default_factory=list)                       # B rows
@@ -51,6 +52,7 @@ class Groups:
                       engine_logp=[self.engine_logp[r] for r in rows],
                       rewards_P_G=self.rewards_P_G[keep_P], correct_P_G=self.correct_P_G[keep_P],
                       truncated_P_G=self.truncated_P_G[keep_P],
+                      too_long_P_G=self.too_long_P_G[keep_P],
                       prefix_P=[self.prefix_P[p] for p in ps],
                       traces=[self.traces[r] for r in rows])
 
@@ -65,6 +67,7 @@ class Groups:
                       engine_logp=[r for g in parts for r in g.engine_logp],
                       rewards_P_G=cat("rewards_P_G"), correct_P_G=cat("correct_P_G").bool(),
                       truncated_P_G=cat("truncated_P_G").bool(),
+                      too_long_P_G=cat("too_long_P_G").bool(),
                       prefix_P=[f for g in parts for f in g.prefix_P],
                       traces=[t for g in parts for t in g.traces])
 
@@ -117,6 +120,7 @@ def generate_groups(edges, problems: list, cfg: GRPORunConfig, step: int, round_
                   correct_P_G=torch.tensor([s.correct for s in scores]).view(P, G),
                   truncated_P_G=torch.tensor([c.finish_reason == "length"
                                               for c in flat]).view(P, G),
+                  too_long_P_G=torch.tensor([s.too_long for s in scores]).view(P, G),
                   prefix_P=fractions,
                   traces=[c.trace for c in flat])
 
@@ -155,6 +159,7 @@ def collect(edges, problems: list, cfg: GRPORunConfig, step: int, prefix_state, 
         "reward/frac_zero_std": float(dapo.zero_variance_groups(every.rewards_P_G).double().mean()),
         "rollout/len_mean": float(lengths.mean()),
         "rollout/truncated": float(every.truncated_P_G.double().mean()),
+        "rollout/too_long": float(every.too_long_P_G.sum()),
         "rollout/gen_rounds": float(len(seen)),
         "rollout/groups_kept": float(len(out.problems)),
         "samples/step": float(lengths.numel()),

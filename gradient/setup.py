@@ -12,6 +12,7 @@ from es_llm.backends import choose_backend
 from es_llm.backends.diffusion import is_diffusion_model, saved_sampling
 from es_llm.errors import BadInput
 from es_llm.evaluate import check_model_path
+from es_llm.finite import check_start
 from es_llm.tasks import build_task
 from gradient.adaprefix import PrefixState
 from gradient.batch import Rollout
@@ -173,6 +174,7 @@ def build(cfg: GRPORunConfig, resume_from: Path | None = None):
     start = str(resume_from) if resume_from is not None else cfg.model
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)
     model = model_class.from_pretrained(start, dtype=torch.float32).to(cfg.device)
+    check_start(model.named_parameters(), start)
     ref = None
     if cfg.algo.kl.coef > 0:
         ref_path = cfg.algo.kl.ref_model or cfg.model

@@ -11,7 +11,6 @@ settings, the rows shuffled once per epoch by a seeded generator. Writes ``confi
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ from es_llm.backends.diffusion import is_diffusion_model
 from es_llm.config import choice, check_choices, run_config_yaml
 from es_llm.errors import BadInput
 from es_llm.evaluate import check_model_path
+from es_llm.finite import Diverged, check, check_start, check_update, stop_error
 from es_llm.io import jsonl_lines, save_hf_checkpoint, write_text_atomic
 from es_llm.run_folder import AppendLog, written
 from es_llm.testbed.train import completion_batch
@@ -78,6 +78,30 @@ def steps_of(cfg: SFTRunConfig, rows: int) -> int:
     return cfg.epochs * math.ceil(rows / cfg.batch_size)
 
 
+def sft_step(model, tokenizer, optimizer, cfg: SFTRunConfig, batch: list[tuple[str, str]],
+             head: dict) -> dict:
+    """One optimizer step on ``batch``; its metrics after ``head`` (step and epoch). Raises
+    ``Diverged`` at a non-finite loss, gradient norm or update."""
+    t0 = time.perf_counter()
+    ids, labels = completion_batch(batch, tokenizer)
+    cfg.optim.set_lr(optimizer, head["step"])
+    ids, labels = ids.to(cfg.device), labels.to(cfg.device)
+    metrics = {**head, "rows": ids.shape[0], "tokens": int((labels != -100).sum())}
+    moved = bool(optimizer.state)  # AdamW keeps state once it has stepped (or was resumed)
+    loss = model(input_ids=ids, attention_mask=(ids != tokenizer.pad_token_id).long(),
+                 labels=labels).loss
+    check("loss", "loss", float(loss), moved, metrics)
+    metrics["loss"] = float(loss)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip or float("inf"))
+    check("gradient norm", "grad_norm", float(norm), moved, metrics)
+    metrics["grad_norm"] = float(norm)
+    optimizer.step()
+    check_update(model.parameters(), "update", metrics)
+    return {**metrics, "perf/step_s": time.perf_counter() - t0}
+
+
 def run_sft(cfg: SFTRunConfig, out: Path, progress: bool = True) -> dict:
     """Fine-tune ``cfg.model`` on ``cfg.data``; returns the last step's metrics."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -90,8 +114,8 @@ def run_sft(cfg: SFTRunConfig, out: Path, progress: bool = True) -> dict:
     rows = read_rows(cfg.data, cfg.limit)
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)
     model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32).to(cfg.device)
-    o = cfg.optim
-    optimizer = o.adamw(model.parameters())
+    check_start(model.named_parameters(), cfg.model)
+    optimizer = cfg.optim.adamw(model.parameters())
     again = "es-llm sft --config ... (a new --out)"
     with written(out, again):
         out.mkdir(parents=True, exist_ok=True)
@@ -106,27 +130,16 @@ def run_sft(cfg: SFTRunConfig, out: Path, progress: bool = True) -> dict:
             order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(
                 derive_seed(cfg.seed, "sft", epoch))).tolist()
             for start in range(0, len(rows), cfg.batch_size):
-                t0 = time.perf_counter()
-                ids, labels = completion_batch([rows[i] for i in order[start:start +
-                                                                       cfg.batch_size]],
-                                               tokenizer)
-                o.set_lr(optimizer, step)
-                ids, labels = ids.to(cfg.device), labels.to(cfg.device)
-                loss = model(input_ids=ids, attention_mask=(ids != tokenizer.pad_token_id).long(),
-                             labels=labels).loss
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                norm = torch.nn.utils.clip_grad_norm_(model.parameters(),
-                                                      o.grad_clip or float("inf"))
-                optimizer.step()
-                metrics = {"step": step, "epoch": epoch, "loss": float(loss),
-                           "grad_norm": float(norm), "rows": ids.shape[0],
-                           "tokens": int((labels != -100).sum()),
-                           "perf/step_s": time.perf_counter() - t0}
-                log.write(json.dumps(metrics) + "\n")
+                metrics = sft_step(model, tokenizer, optimizer, cfg,
+                                   [rows[i] for i in order[start:start + cfg.batch_size]],
+                                   {"step": step, "epoch": epoch})
+                log.write_row(metrics)
                 step += 1
                 bar.update(1)
-                bar.set_postfix(loss=f"{float(loss):.3f}")
+                bar.set_postfix(loss=f"{metrics['loss']:.3f}")
+    except Diverged as exc:
+        log.write_row(exc.row())
+        raise stop_error(exc, "step", step, cfg.optim.advice(), out) from None
     finally:
         log.close()
         bar.close()

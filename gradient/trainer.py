@@ -27,6 +27,7 @@ old and reference log-probs frozen once per iteration (``old_views``, ``ref_view
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,8 +36,11 @@ import torch
 from tqdm.auto import tqdm
 
 from es_llm.config import run_config_yaml
+from es_llm.errors import NonFinite
+from es_llm.finite import Diverged, check, check_update, stop_error
 from es_llm.io import complete_jsonl_rows, save_hf_checkpoint, write_text_atomic
 from es_llm.run_folder import AppendLog, written
+from es_llm.tasks.base import too_long_notice
 from gradient.aggregation import aggregate
 from gradient.batch import RolloutBatch
 from gradient.config import GRPORunConfig
@@ -113,8 +117,9 @@ def _micro_loss(edges: Edges, batch: RolloutBatch, cfg: GRPORunConfig, tokens: f
             total = value * out.coef if out.coef != 1.0 else value
         elif out.coef:
             total = total + out.coef * value
-    total.backward()
     stats["grad/loss"] = float(total.detach())
+    check("loss", "grad/loss", stats["grad/loss"], bool(edges.optimizer.state), stats)
+    total.backward()
     return stats
 
 
@@ -143,7 +148,10 @@ def policy_update(edges: Edges, batch: RolloutBatch, cfg: GRPORunConfig, step: i
                     acc[k] = acc.get(k, 0.0) + v
             params = [p for p in edges.model.parameters() if p.grad is not None]
             norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip or float("inf"))
+            check("gradient norm", "grad/grad_norm", float(norm), bool(edges.optimizer.state),
+                  acc)
             edges.optimizer.step()
+            check_update(params, "grad/update", acc)
             acc["grad/grad_norm"] = float(norm)
             for k, v in acc.items():
                 totals[k] = totals.get(k, 0.0) + v
@@ -157,8 +165,13 @@ def step(edges: Edges, cfg: GRPORunConfig, state: TrainerState, problems: list,
     steps = steps or plan(cfg, edges)
     t0 = time.perf_counter()
     prefix_cfg = cfg.algo.prefix if cfg.algo.prefix.enabled else None
-    groups, state.prefix, metrics = collect(edges, problems, cfg, state.step, state.prefix,
-                                            prefix_cfg)
+    try:
+        groups, state.prefix, metrics = collect(edges, problems, cfg, state.step,
+                                                state.prefix, prefix_cfg)
+    except NonFinite:
+        # The sampler met NaN or inf next-token logits: the policy has left the numbers.
+        raise Diverged("next-token logits", "rollout/logits", math.nan,
+                       bool(edges.optimizer.state)) from None
     state.samples += int(metrics.pop("samples/step"))
     t_gen = time.perf_counter() - t0
     batch = (RolloutBatch.from_groups(groups, cfg.seed, state.step) if groups.problems
@@ -167,7 +180,11 @@ def step(edges: Edges, cfg: GRPORunConfig, state: TrainerState, problems: list,
     metrics.update(birth_metrics)
     t1 = time.perf_counter()
     if len(batch):
-        metrics.update(policy_update(edges, batch, cfg, state.step, steps))
+        try:
+            metrics.update(policy_update(edges, batch, cfg, state.step, steps))
+        except Diverged as exc:
+            exc.metrics = {**metrics, **exc.metrics}  # the rollouts' figures too
+            raise
         if edges.sync is not None:
             edges.sync()
     state.step += 1
@@ -207,15 +224,25 @@ def run(cfg: GRPORunConfig, edges: Edges, problems: list, out: Path, state: Trai
                initial=state.step, total=cfg.steps)
     log = AppendLog(out / "metrics.jsonl", again)
     steps = plan(cfg, edges)
+    said_too_long = False
     try:
         for it in bar:
-            state, metrics = step(edges, cfg, state, problems, steps)
-            log.write(json.dumps({"step": it, **metrics}) + "\n")
+            try:
+                state, metrics = step(edges, cfg, state, problems, steps)
+            except Diverged as exc:
+                log.write_row(exc.row(step=it))
+                raise stop_error(exc, "step", it, cfg.optim.advice(), out) from None
+            log.write_row({"step": it, **metrics})
             bar.write(f"step {it:4d}  reward {metrics['reward/mean']:.3f}  "
                       f"correct {metrics['reward/correct']:.3f}  "
                       f"loss {metrics.get('grad/loss', 0.0):+.4f}  "
                       f"clip {metrics.get('grad/clipfrac', 0.0):.3f}  "
                       f"{metrics['perf/step_s']:.1f} s")
+            if metrics["rollout/too_long"] and not said_too_long:
+                said_too_long = True
+                bar.write(too_long_notice(int(metrics["rollout/too_long"]),
+                                          cfg.task.max_completion_chars, f"of step {it}",
+                                          "rollout/too_long"))
             if (it + 1) % cfg.checkpoint_every == 0 and it + 1 < cfg.steps:
                 save(edges, cfg, state, out / "checkpoints" / f"step_{it + 1}", again)
     finally:

@@ -15,24 +15,34 @@ trajectories to OUT/recover before any training (overrides name the experiment f
 
 Each stage is a plain `es-llm` command (printed, and appended to OUT/commands.txt), so any
 step can be rerun by hand. Stages whose output is complete are skipped; an interrupted
-training run is continued with --resume, so rerunning the same command finishes the job."""
+training run is continued with --resume, so rerunning the same command finishes the job. A
+rerun that would keep a run (or the recovery) made with other settings than it now gives
+that stage is refused before anything is written: new settings need a new --out."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from es_llm.backends import BACKEND_NAMES
+from es_llm.cli import ES_RESUME_KEYS
 from es_llm.compare.budget import BudgetConfig
-from es_llm.config import check_choices, choice, dump_yaml, load_config, to_dict
+from es_llm.config import (MACHINE_KEY, check_choices, choice, dump_yaml, load_config,
+                           read_yaml, to_dict)
 from es_llm.errors import BadInput
 from es_llm.es.config import ESRunConfig
-from es_llm.evaluate import SamplingConfig
+from es_llm.evaluate import SamplingConfig, resolve_training_data
+from es_llm.io import complete_jsonl_rows, write_text_atomic
+from es_llm.run_folder import check_out_path
 from es_llm.stage_runner import Runner, es_llm_command, finished
+from es_llm.tasks import task_names
 from es_llm.testbed.config import MODEL_TASKS, load_testbed_config
+from gradient.cli import RESUME_KEYS as GRPO_RESUME_KEYS
 from gradient.config import GRPORunConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,6 +51,10 @@ ROOT = Path(__file__).resolve().parents[1]
 KINDS = ("es", "grpo", "sft")
 # The experiment folder inside a method's overrides (e.g. data={out}/recover/recovered.jsonl).
 OUT_MARK = "{out}"
+# The config key that sets a budget-matched run's length, per trainer.
+LENGTH_KEY = {"es": "iterations", "grpo": "steps"}
+# What `--resume` may change in a run's config.yaml, per trainer (SFT has no --resume).
+RESUME_KEYS = {"es": ES_RESUME_KEYS, "grpo": GRPO_RESUME_KEYS, "sft": ()}
 
 
 @dataclass(frozen=True)
@@ -91,7 +105,7 @@ class ExperimentConfig:
     # Testbed preset (ci or default) and its overrides.
     testbed: str = "default"
     testbed_overrides: tuple[str, ...] = ("teachers.enabled=false", "diffusion.enabled=false")
-    task: str = "countdown"
+    task: str = choice("countdown", task_names)
     # Training seeds; every method trains once per seed from the same base model.
     seeds: tuple[int, ...] = (0, 1, 2)
     # Generated samples per training run, the same for every method: ES iterations and GRPO
@@ -111,7 +125,7 @@ class ExperimentConfig:
     # held-out problems (None = all) and with which backend.
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     eval_limit: int | None = None
-    eval_backend: str = "auto"
+    eval_backend: str = choice("auto", lambda: BACKEND_NAMES)
     # Capability or sharpening: the comparison also reads every model greedily and sampled
     # at these temperatures (and sampling.temperature), on the held-out file and on a
     # never-seen set of never_seen_per_tier problems per tier (scripts/unseen_countdown.py,
@@ -129,6 +143,8 @@ class ExperimentConfig:
     budget: BudgetConfig = field(default_factory=BudgetConfig)
 
     def __post_init__(self):
+        check_choices(self)
+        self._check_numbers()
         if not self.methods:
             raise BadInput("methods is empty; name at least one, e.g. methods: {es: {kind: es, "
                            "config: configs/es_countdown.yaml}}.")
@@ -151,6 +167,34 @@ class ExperimentConfig:
                 raise BadInput(f"methods.{name}.extend_seeds {missing} are not training seeds "
                                f"(seeds: {list(self.seeds)}).")
 
+    def _check_numbers(self) -> None:
+        """BadInput for a seed list, budget, rank count or comparison size no stage could
+        run with."""
+        if not self.seeds:
+            raise BadInput("seeds is empty; give at least one training seed (every method "
+                           "trains once per seed), e.g. seeds: [0, 1, 2].")
+        repeated = sorted({s for s in self.seeds if self.seeds.count(s) > 1})
+        if repeated:
+            raise BadInput(f"seeds {list(self.seeds)} repeat {repeated}; each seed is one run "
+                           f"per method (runs/<name>-seed<k>), so list each once.")
+        if self.budget_samples < 1:
+            raise BadInput(f"budget_samples must be at least 1 generated sample per training "
+                           f"run, got {self.budget_samples}.")
+        if self.ranks < 1:
+            raise BadInput(f"ranks must be at least 1 (the MPI ranks of each ES run; 1 runs it "
+                           f"without mpirun), got {self.ranks}.")
+        if self.eval_limit is not None and self.eval_limit < 1:
+            raise BadInput(f"eval_limit must be at least 1 held-out problem, or null for all of "
+                           f"them, got {self.eval_limit}.")
+        if any(not t > 0 for t in self.temperatures):
+            raise BadInput(f"temperatures must be above 0 (the comparison reads every model "
+                           f"greedily whenever they are set), got {list(self.temperatures)}.")
+        if self.never_seen_per_tier < 0:
+            raise BadInput(f"never_seen_per_tier must be 0 (no never-seen set) or a number of "
+                           f"problems per tier, got {self.never_seen_per_tier}.")
+        if self.views_n < 1:
+            raise BadInput(f"views_n must be at least 1 sample per problem, got {self.views_n}.")
+
 
 def _steps(total: int, per_step: int, what: str) -> int:
     if total % per_step:
@@ -167,6 +211,7 @@ def plan(cfg: ExperimentConfig) -> dict[str, int | None]:
 
     # Every config a later stage loads is loaded here first, so a bad setting stops the
     # experiment before hours of training ({out} is a path only at run time).
+    load_testbed_config(cfg.testbed, None, list(cfg.testbed_overrides))
     if cfg.latent_revise.enabled:
         load_config(LatentReviseConfig, path=ROOT / cfg.latent_revise.config,
                     overrides=_with_out(cfg.latent_revise.overrides, "."))
@@ -212,12 +257,19 @@ def _es_llm(method: Method, cfg: ExperimentConfig) -> list[str]:
 def _length(method: Method, steps: int | None) -> list[str]:
     if method.kind == "sft":
         return []
-    return [f"iterations={steps}" if method.kind == "es" else f"steps={steps}"]
+    return [f"{LENGTH_KEY[method.kind]}={steps}"]
 
 
 def _with_out(overrides, out: Path | str) -> list[str]:
     """``overrides`` with {out} replaced by the experiment folder ``out``."""
     return [o.replace(OUT_MARK, str(out)) for o in overrides]
+
+
+def run_overrides(method: Method, seed: int, steps: int | None, model: Path,
+                  out: Path) -> list[str]:
+    """The overrides a new run of one seed of ``method`` gets beside its config file."""
+    return [f"model={model}", f"seed={seed}", *_length(method, steps),
+            *_with_out(method.overrides, out)]
 
 
 def training_command(method: Method, cfg: ExperimentConfig, seed: int, steps: int | None,
@@ -232,8 +284,8 @@ def training_command(method: Method, cfg: ExperimentConfig, seed: int, steps: in
         return _es_llm(method, cfg) + ["--resume", str(run), "--no-progress",
                                        *_length(method, steps)]
     return _es_llm(method, cfg) + ["--config", str(ROOT / method.config), "--out", str(run),
-                                   "--no-progress", f"model={model}", f"seed={seed}",
-                                   *_length(method, steps), *_with_out(method.overrides, out)]
+                                   "--no-progress",
+                                   *run_overrides(method, seed, steps, model, out)]
 
 
 def extension_command(method: Method, cfg: ExperimentConfig, steps: int, run: Path,
@@ -253,6 +305,140 @@ def extension_command(method: Method, cfg: ExperimentConfig, steps: int, run: Pa
         staging.rename(ext)
     return _es_llm(method, cfg) + ["--resume", str(ext), "--no-progress",
                                    *_length(method, total), f"checkpoint_every={steps}"]
+
+
+def _run_folder(out: Path, name: str, seed: int) -> Path:
+    return out / "runs" / f"{name}-seed{seed}"
+
+
+def _extension_folder(out: Path, name: str, seed: int, method: Method) -> Path:
+    return out / "runs" / f"{name}-seed{seed}-x{method.extend}"
+
+
+def _recover_overrides(cfg: ExperimentConfig, testbed: Path, out: Path) -> list[str]:
+    """The overrides of the latent-revise stage beside its config file."""
+    return [f"model={testbed}", *_with_out(cfg.latent_revise.overrides, out)]
+
+
+def resolved_run_config(method: Method, overrides: list[str]):
+    """The config the trainer of ``method`` resolves for a new run with ``overrides``: its
+    YAML with them applied and, for es and grpo, the model's own training prompts when no
+    data file is named (as `es-llm es` and `es-llm grpo` resolve it before writing it)."""
+    from gradient.sft import SFTRunConfig
+
+    if method.kind == "sft":
+        return load_config(SFTRunConfig, path=ROOT / method.config, overrides=overrides)
+    cls = ESRunConfig if method.kind == "es" else GRPORunConfig
+    return resolve_training_data(load_config(cls, path=ROOT / method.config,
+                                             overrides=overrides))
+
+
+def _flat(data: dict, prefix: str = "") -> dict:
+    """A nested mapping as {dotted key: value}."""
+    flat = {}
+    for key, value in data.items():
+        if isinstance(value, dict) and value:
+            flat.update(_flat(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def _same(old, new) -> bool:
+    """Equal values, or two spellings of one existing path (a rerun's --out may be given
+    relative where the first run's was absolute, or the other way round)."""
+    if old == new:
+        return True
+    return (isinstance(old, str) and isinstance(new, str) and os.path.exists(old)
+            and os.path.exists(new) and os.path.samefile(old, new))
+
+
+def refuse_changed(what: str, folder: Path, want, may_change: tuple[str, ...]) -> None:
+    """BadInput when ``folder``'s config.yaml (the resolved config a stage wrote, with the
+    machine it ran on) differs from ``want`` in any key but ``may_change``: the experiment
+    would keep that output and report it under settings it was not made with."""
+    kept = _flat({k: v for k, v in read_yaml(folder / "config.yaml").items() if k != MACHINE_KEY})
+    now = _flat(to_dict(want))
+    changed = [f"{key}: {kept.get(key, '(none)')!r} -> {now.get(key, '(none)')!r}"
+               for key in sorted(kept.keys() | now.keys())
+               if key not in may_change and not _same(kept.get(key), now.get(key))]
+    if changed:
+        raise BadInput(f"{folder} holds {what} made with other settings than this experiment "
+                       f"now gives it ({'; '.join(changed)}); rerunning here would keep it and "
+                       f"report it under the new settings. Give a new --out for the new "
+                       f"settings, or set them back.")
+
+
+def _check_kept_run(what: str, method: Method, folder: Path, overrides: list[str],
+                    steps: int | None) -> None:
+    """Refuse the run in ``folder`` if this experiment keeps it (continues or skips it) but
+    now configures it otherwise; the keys --resume may change are free while it is
+    unfinished, but a finished run's length must be the one asked for now."""
+    done = finished(folder, steps)
+    if not (folder / "config.yaml").is_file() or (method.kind == "sft" and not done):
+        return  # a new run starts here (an unfinished SFT run starts over)
+    ran = len(complete_jsonl_rows(folder / "metrics.jsonl"))
+    if steps is not None and not done and ran > steps:
+        raise BadInput(f"{folder} holds {what}, unfinished after {ran} steps, longer than the "
+                       f"{steps} this experiment now gives it; continuing it cannot end at "
+                       f"that budget. Give a new --out for the new budget, or set it back.")
+    free = set(RESUME_KEYS[method.kind]) - ({LENGTH_KEY.get(method.kind)} if done else set())
+    refuse_changed(what, folder, resolved_run_config(method, overrides), tuple(free))
+
+
+def _check_kept_testbed(cfg: ExperimentConfig, out: Path) -> None:
+    """Refuse to rebuild the testbed under runs made from another one: they would be
+    reported as trained from the new base. The kept testbed's own record decides (config
+    and builder fingerprint, see ``same_testbed``); without it, the experiment.yaml of the
+    run that made them."""
+    made = [p for p in (out / "runs", out / "recover") if p.is_dir() and any(p.iterdir())]
+    if not made:
+        return
+    testbed = out / "testbed"
+    if (testbed / "testbed.json").is_file():
+        stale = not same_testbed(testbed, cfg)
+    else:
+        try:
+            before = read_yaml(out / "experiment.yaml")
+        except BadInput:  # missing or not an experiment's record: nothing to hold against
+            before = {"testbed": cfg.testbed, "testbed_overrides": list(cfg.testbed_overrides)}
+        stale = (before.get("testbed"), list(before.get("testbed_overrides") or [])) != (
+            cfg.testbed, list(cfg.testbed_overrides))
+    if stale:
+        raise BadInput(f"{out} holds runs trained from a testbed that this experiment would "
+                       f"rebuild (its testbed or testbed_overrides changed, or the testbed "
+                       f"builder did); they would then be reported as trained from the new "
+                       f"one. Give a new --out, or set the testbed settings back.")
+
+
+def check_kept_outputs(cfg: ExperimentConfig, out: Path, steps: dict[str, int | None]) -> None:
+    """Refuse an ``out`` whose training runs or LatentRevise recovery this experiment would
+    reuse although it now gives them other settings (a method's overrides, its config file,
+    the budget of a finished run...): compared key by key with each one's config.yaml, as
+    its stage would resolve the config now."""
+    from gradient.recovery import LatentReviseConfig
+
+    testbed = out / "testbed"
+    recover = out / "recover"
+    _check_kept_testbed(cfg, out)
+    if (cfg.latent_revise.enabled and (recover / "metrics.json").is_file()
+            and (recover / "config.yaml").is_file()):
+        want = resolve_training_data(load_config(
+            LatentReviseConfig, path=ROOT / cfg.latent_revise.config,
+            overrides=_recover_overrides(cfg, testbed, out)))
+        refuse_changed("LatentRevise's recovered data", recover, want, ())
+    for name, method in cfg.methods.items():
+        for seed in cfg.seeds:
+            overrides = run_overrides(method, seed, steps[name], testbed / method.model, out)
+            _check_kept_run(f"method {name}'s seed-{seed} run", method,
+                            _run_folder(out, name, seed), overrides, steps[name])
+            if method.extend > 1 and seed in method.extend_seeds:
+                total = steps[name] * method.extend
+                _check_kept_run(f"method {name}'s seed-{seed} run extended to "
+                                f"{method.extend}x", method,
+                                _extension_folder(out, name, seed, method),
+                                [*overrides, *_length(method, total),
+                                 f"checkpoint_every={steps[name]}"], total)
 
 
 def compare_command(cfg: ExperimentConfig, out: Path, models: list[str], budget_runs: list[str],
@@ -281,8 +467,8 @@ def compare_command(cfg: ExperimentConfig, out: Path, models: list[str], budget_
 
 def run(cfg: ExperimentConfig, out: Path) -> None:
     steps = plan(cfg)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "experiment.yaml").write_text(dump_yaml(cfg))
+    check_kept_outputs(cfg, out, steps)
+    write_text_atomic(out / "experiment.yaml", dump_yaml(cfg))
     runner = Runner(out, "experiment")
     testbed = out / "testbed"
     if not same_testbed(testbed, cfg):
@@ -295,10 +481,10 @@ def run(cfg: ExperimentConfig, out: Path) -> None:
     if recover.enabled and not (out / "recover" / "metrics.json").is_file():
         runner(es_llm_command("latent-revise") + [
             "--config", str(ROOT / recover.config), "--out", str(out / "recover"),
-            "--no-progress", f"model={testbed}", *_with_out(recover.overrides, out)])
+            "--no-progress", *_recover_overrides(cfg, testbed, out)])
     for name, method in cfg.methods.items():
         for seed in cfg.seeds:
-            folder = out / "runs" / f"{name}-seed{seed}"
+            folder = _run_folder(out, name, seed)
             cmd = training_command(method, cfg, seed, steps[name], testbed / method.model,
                                    folder, out)
             if cmd:
@@ -308,7 +494,7 @@ def run(cfg: ExperimentConfig, out: Path) -> None:
             if method.kind == "sft":
                 continue
             if method.extend > 1 and seed in method.extend_seeds:
-                along = out / "runs" / f"{name}-seed{seed}-x{method.extend}"
+                along = _extension_folder(out, name, seed, method)
                 cmd = extension_command(method, cfg, steps[name], folder, along)
                 if cmd:
                     runner(cmd)
@@ -340,7 +526,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         cfg = load_config(ExperimentConfig, path=args.config, overrides=args.overrides)
-        run(cfg, Path(args.out))
+        out = check_out_path(args.out)
+        run(cfg, out)
     except BadInput as exc:
         print(f"experiment: error: {exc}", file=sys.stderr)
         return 2

@@ -36,6 +36,7 @@ from es_llm.config import check_choices, choice, dump_yaml, load_config, to_dict
 from es_llm.errors import BadInput
 from es_llm.evaluate import SamplingConfig
 from es_llm.io import complete_jsonl_rows, read_jsonl, write_json_atomic, write_jsonl_atomic
+from es_llm.run_folder import check_out_path
 from es_llm.stage_runner import Runner, es_llm_command, finished, stage_seconds
 from es_llm.testbed.config import ModelShape, load_testbed_config
 from es_llm.testbed.scaling import DOMAINS
@@ -366,10 +367,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         cfg = load_config(ScalingConfig, path=args.config, overrides=args.overrides)
-        if Path(args.out).exists() and not Path(args.out).is_dir():
-            raise BadInput(f"--out {args.out!r} exists and is not a folder.")
-        check(cfg, Path(args.out))
-        run(cfg, Path(args.out))
+        out = check_out_path(args.out)
+        check(cfg, out)
+        run(cfg, out)
     except BadInput as exc:
         print(f"scaling_study: error: {exc}", file=sys.stderr)
         return 2

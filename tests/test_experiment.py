@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from unusable_outs import KINDS, unusable_out, untouched
 
 from es_llm.io import read_jsonl
 
@@ -132,6 +133,23 @@ def test_rerunning_the_experiment_skips_what_is_done(experiment):
 
 @pytest.mark.slow
 @pytest.mark.mpi
+def test_a_rerun_with_other_method_settings_is_refused_and_changes_nothing(experiment):
+    """The finished runs were trained at lr 1e-4: kept under a label that says 0.5 they would
+    be reported as what they are not."""
+    out, _ = experiment
+    files = [out / "experiment.yaml", out / "commands.txt", out / "compare" / "comparison.json",
+             out / "runs" / "grpo-seed0" / "config.yaml"]
+    before = [f.read_bytes() for f in files]
+    proc = script("experiment.py", "--config", CONFIG, "--out", out,
+                  "methods.grpo.overrides=[optim.lr=0.5]")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "runs/grpo-seed0 holds method grpo's seed-0 run" in proc.stderr
+    assert "(optim.lr: 0.0001 -> 0.5)" in proc.stderr and "new --out" in proc.stderr
+    assert [f.read_bytes() for f in files] == before
+
+
+@pytest.mark.slow
+@pytest.mark.mpi
 def test_coverage_scripts_run_alone_on_the_experiment_samples(experiment, tmp_path):
     out, _ = experiment
     samples = out / "compare" / "samples"
@@ -232,3 +250,186 @@ def test_a_testbed_folder_is_reused_only_with_every_enabled_part_as_configured(t
     assert want.fingerprint() == other.fingerprint() and not experiment.same_testbed(tmp_path, cfg)
     (tmp_path / "testbed.json").write_text(json.dumps({**info, "swa": {"key": want.swa_key()}}))
     assert experiment.same_testbed(tmp_path, cfg)
+
+
+@pytest.mark.parametrize("setting, message", [
+    ("budget_samples=-64", "budget_samples must be at least 1"),
+    ("seeds=[]", "seeds is empty"),
+    ("seeds=[0,1,0]", "seeds [0, 1, 0] repeat [0]"),
+    ("ranks=0", "ranks must be at least 1"),
+    ("eval_limit=0", "eval_limit must be at least 1"),
+    ("views_n=0", "views_n must be at least 1"),
+    ("never_seen_per_tier=-1", "never_seen_per_tier must be 0"),
+    ("temperatures=[0.0]", "temperatures must be above 0"),
+    ("eval_backend=vlm", "unknown eval_backend 'vlm'"),
+    ("testbed=huge", "unknown testbed size 'huge'")])
+def test_settings_no_stage_could_run_are_refused_before_anything_is_written(
+        tmp_path, capsys, setting, message):
+    experiment = _experiment_module()
+    assert experiment.main(["--config", str(CONFIG), "--out", str(tmp_path / "x"), setting]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_an_out_that_cannot_be_a_folder_is_refused(tmp_path, capsys, kind):
+    experiment = _experiment_module()
+    out = unusable_out(tmp_path, kind)
+    assert experiment.main(["--config", str(CONFIG), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"--out {str(out)!r}" in err and err.count("\n") == 1, err
+    assert untouched(tmp_path)
+
+
+def _trained(folder: Path, run_cfg, rows: int | None = None) -> None:
+    """A run folder as its trainer leaves it: config.yaml (the resolved config and the
+    machine), and with ``rows`` that many metrics rows and a final checkpoint."""
+    from es_llm.config import run_config_yaml
+
+    folder.mkdir(parents=True)
+    (folder / "config.yaml").write_text(run_config_yaml(run_cfg))
+    if rows is not None:
+        (folder / "metrics.jsonl").write_text("".join(json.dumps({"step": i}) + "\n"
+                                                      for i in range(rows)))
+        (folder / "checkpoints" / "final").mkdir(parents=True)
+        (folder / "checkpoints" / "final" / "config.json").write_text("{}")
+
+
+def _ci_runs(out: Path) -> None:
+    """What the ci experiment's trainers wrote for seed 0 of grpo (8 steps, finished) and of
+    lowrank (1 iteration, and its copy continued to 2): each config as the command line
+    gave it, with the testbed's training prompts as data."""
+    from es_llm.config import load_config
+    from es_llm.es.config import ESRunConfig
+    from gradient.config import GRPORunConfig
+
+    testbed = out / "testbed"
+    (testbed / "data").mkdir(parents=True)
+    (testbed / "data" / "countdown_rl.jsonl").write_text("")
+    given = [f"model={testbed}", "seed=0", f"task.data={testbed}/data/countdown_rl.jsonl"]
+    _trained(out / "runs" / "grpo-seed0", load_config(
+        GRPORunConfig, path=ROOT / "configs" / "grpo_countdown_ci.yaml",
+        overrides=[*given, "steps=8", "checkpoint_every=4"]), rows=8)
+    lowrank = ROOT / "configs" / "es_countdown_lowrank_ci.yaml"
+    _trained(out / "runs" / "lowrank-seed0",
+             load_config(ESRunConfig, path=lowrank, overrides=[*given, "iterations=1"]), rows=1)
+    _trained(out / "runs" / "lowrank-seed0-x2", load_config(
+        ESRunConfig, path=lowrank, overrides=[*given, "iterations=2", "checkpoint_every=1"]),
+        rows=2)
+
+
+def _check_kept(out: Path, *overrides: str) -> None:
+    """check_kept_outputs of the ci experiment (seed 0) with ``overrides`` on ``out``."""
+    from es_llm.config import load_config
+
+    experiment = _experiment_module()
+    cfg = load_config(experiment.ExperimentConfig, path=CONFIG,
+                      overrides=["seeds=[0]", *overrides])
+    experiment.check_kept_outputs(cfg, out, experiment.plan(cfg))
+
+
+def _es_run_config(out: Path, iterations: int):
+    """The resolved config of the ci experiment's es run of seed 0 at ``iterations``."""
+    from es_llm.config import load_config
+    from es_llm.es.config import ESRunConfig
+
+    return load_config(ESRunConfig, path=ROOT / "configs" / "es_countdown_ci.yaml",
+                       overrides=[f"model={out / 'testbed'}", "seed=0", f"iterations={iterations}",
+                                  f"task.data={out}/testbed/data/countdown_rl.jsonl"])
+
+
+def test_kept_runs_must_have_the_settings_the_experiment_now_gives_them(tmp_path):
+    """A rerun skips finished runs and continues the others, so their config.yaml must be
+    what the experiment would now resolve, but for the keys --resume may change; a
+    finished run's length must be the budget asked for now."""
+    from es_llm.errors import BadInput
+
+    out = tmp_path / "out"
+    _ci_runs(out)
+    _check_kept(out)
+    # checkpoint_every is a resume key, so dropping the grpo override leaves only the lr.
+    with pytest.raises(BadInput, match=r"grpo-seed0 holds method grpo's seed-0 run made with "
+                                       r"other settings .* \(optim\.lr: 0\.0001 -> 0\.5\)"):
+        _check_kept(out, "methods.grpo.overrides=[optim.lr=0.5]")
+    with pytest.raises(BadInput, match=r"lowrank-seed0 holds .*\(es\.sigma: "):
+        _check_kept(out, "methods.lowrank.overrides=[es.sigma=0.5]")
+    # A larger budget continues every run (none of them is finished at it).
+    _check_kept(out, "budget_samples=512")
+    # A run finished at 4 iterations is not the 2-iteration run asked for now.
+    _trained(out / "runs" / "es-seed0", _es_run_config(out, 4), rows=4)
+    with pytest.raises(BadInput, match=r"es-seed0 holds .*\(iterations: 4 -> 2\)"):
+        _check_kept(out)
+    _check_kept(out, "budget_samples=512")
+
+
+def test_kept_runs_are_not_relabelled_by_a_rebuilt_testbed_or_a_shorter_budget(tmp_path):
+    from es_llm.config import dump_yaml, load_config, run_config_yaml
+    from es_llm.errors import BadInput
+
+    out = tmp_path / "out"
+    _ci_runs(out)
+    first = load_config(_experiment_module().ExperimentConfig, path=CONFIG,
+                        overrides=["seeds=[0]"])
+    (out / "experiment.yaml").write_text(dump_yaml(first))
+    _check_kept(out)
+    with pytest.raises(BadInput, match="trained from a testbed that this experiment would "
+                                       "rebuild"):
+        _check_kept(out, "testbed_overrides=[teachers.enabled=false,train.steps=7]")
+    # An unfinished run that already went past the budget asked for now cannot end at it.
+    es = out / "runs" / "es-seed0"
+    es.mkdir(parents=True)
+    (es / "config.yaml").write_text(run_config_yaml(_es_run_config(out, 4)))
+    (es / "metrics.jsonl").write_text("".join(json.dumps({"step": i}) + "\n" for i in range(3)))
+    with pytest.raises(BadInput, match=r"es-seed0 holds .*unfinished after 3 steps, longer "
+                                       r"than the 2"):
+        _check_kept(out)
+
+
+def test_a_changed_rerun_is_refused_before_anything_is_written(tmp_path, capsys):
+    experiment = _experiment_module()
+    out = tmp_path / "out"
+    _ci_runs(out)
+    (out / "experiment.yaml").write_text("the first run's\n")
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert experiment.main(["--config", str(CONFIG), "--out", str(out), "seeds=[0]",
+                            "methods.grpo.overrides=[optim.lr=0.5]"]) == 2
+    err = capsys.readouterr().err
+    assert "optim.lr: 0.0001 -> 0.5" in err and "new --out" in err and err.count("\n") == 1
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+
+
+def test_a_kept_recovery_and_finished_sft_run_must_match_the_settings(tmp_path):
+    """LatentRevise's folder is skipped once it has metrics.json; a finished SFT run is
+    skipped, an unfinished one starts over whatever its settings."""
+    experiment = _experiment_module()
+    from es_llm.config import load_config
+    from es_llm.errors import BadInput
+    from gradient.recovery import LatentReviseConfig
+    from gradient.sft import SFTRunConfig
+
+    out = tmp_path / "out"
+    testbed = out / "testbed"
+    (testbed / "data").mkdir(parents=True)
+    (testbed / "data" / "countdown_rl.jsonl").write_text("")
+    _trained(out / "recover", load_config(
+        LatentReviseConfig, path=ROOT / "configs" / "latent_revise_countdown.yaml",
+        overrides=[f"model={testbed}", f"task.data={testbed}/data/countdown_rl.jsonl"]))
+    (out / "recover" / "metrics.json").write_text("{}")
+    sft = ROOT / "configs" / "sft_countdown.yaml"
+    _trained(out / "runs" / "sft_lr-seed0", load_config(SFTRunConfig, path=sft, overrides=[
+        f"model={testbed}", "seed=0", f"data={out}/recover/recovered.jsonl"]), rows=3)
+    _trained(out / "runs" / "sft_base-seed0",
+             load_config(SFTRunConfig, path=sft, overrides=[f"model={testbed}", "epochs=9"]))
+
+    def check(*overrides):
+        cfg = load_config(experiment.ExperimentConfig,
+                          path=ROOT / "configs" / "experiment_latent_revise.yaml",
+                          overrides=["seeds=[0]", *overrides])
+        experiment.check_kept_outputs(cfg, out, experiment.plan(cfg))
+
+    check()
+    with pytest.raises(BadInput, match=r"recover holds LatentRevise's .*\(search\.n: 16 -> 8\)"):
+        check("latent_revise.overrides=[search.n=8]")
+    with pytest.raises(BadInput, match=r"sft_lr-seed0 holds .*\(epochs: 3 -> 1\)"):
+        check('methods.sft_lr.overrides=["data={out}/recover/recovered.jsonl", epochs=1]')

@@ -125,6 +125,72 @@ def test_out_that_is_a_file_or_a_dangling_link(ci_testbed, tmp_path, capsys, com
     assert afile.read_text() == "keep me" and not (tmp_path / "missing").exists()
 
 
+def every_command(model: Path, out: Path) -> dict[str, list[str]]:
+    """One invocation of every command that takes --out, on ``model``."""
+    return {
+        "testbed": ["testbed", "--size", "ci", "--out", str(out)],
+        "eval": ["eval", "--model", str(model), "--task", "countdown", "--out", str(out)],
+        "es": ["es", "--config", str(ES), "--out", str(out), f"model={model}"],
+        "grpo": ["grpo", "--config", str(GRPO), "--out", str(out), f"model={model}"],
+        "opd": ["opd", "--config", str(OPD), "--out", str(out), f"model={model}"],
+        "sft": ["sft", "--model", str(model), "--data", str(ROOT / "README.md"), "--out",
+                str(out)],
+        "compare": ["compare", "--models", f"base={model}", "--out", str(out)],
+        "testtime": ["testtime", "--model", str(model), "--out", str(out)],
+        "latent-revise": ["latent-revise", "--model", str(model), "--out", str(out)],
+    }
+
+
+def immutable_folder(tmp_path: Path) -> Path | None:
+    """A folder even root cannot write in (chattr +i), or None where that is not allowed."""
+    folder = tmp_path / "immutable"
+    folder.mkdir()
+    if subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode != 0:
+        return None
+    return folder
+
+
+@pytest.mark.parametrize("command", ["testbed", "eval", "es", "grpo", "opd", "sft", "compare",
+                                     "testtime", "latent-revise"])
+def test_an_out_that_cannot_be_created_is_refused_before_anything_loads(tmp_path, capsys,
+                                                                        command):
+    """The model folder does not exist: an error about --out proves that --out was checked
+    first, before anything was loaded, sampled or trained."""
+    afile = tmp_path / "afile"
+    afile.write_text("keep me")
+    cases = [(Path("/proc/es-llm-out"), "cannot be created in '/proc'"),
+             (afile / "sub", "is a file, not a folder")]
+    locked = immutable_folder(tmp_path)
+    if locked is not None:
+        cases.append((locked, "cannot be written in"))
+    try:
+        for out, fragment in cases:
+            refused(capsys, every_command(tmp_path / "no-model", out)[command], str(out),
+                    fragment)
+        assert afile.read_text() == "keep me"
+        assert locked is None or not any(locked.iterdir())
+    finally:
+        if locked is not None:
+            subprocess.run(["chattr", "-i", str(locked)], check=True)
+
+
+def test_a_log_that_cannot_be_attached_is_bad_input(tmp_path):
+    from es_llm.errors import BadInput
+    from es_llm.logs import LibraryLog
+
+    locked = immutable_folder(tmp_path)
+    if locked is None:
+        pytest.skip("chattr +i is not allowed here")
+    log = LibraryLog().start()
+    try:
+        with pytest.raises(BadInput, match="could not write the log"):
+            log.attach(locked)
+    finally:
+        log.finish(2)
+        subprocess.run(["chattr", "-i", str(locked)], check=True)
+    assert log.path is not None and not log.path.exists()  # the temporary log is removed
+
+
 @pytest.fixture(scope="module")
 def finished_es(ci_testbed, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("es") / "run"
@@ -268,3 +334,41 @@ def test_reading_a_data_file_leaves_no_cache_in_home(tmp_path):
     env["HF_DATASETS_CACHE"] = str(tmp_path / "cache")
     subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=300)
     assert list((tmp_path / "cache").rglob("*.arrow"))
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ('{"roles": null}', "is not a roles file"), ("5", "is not a roles file"),
+    ('{"roles": [1, 2]}', "is not a roles file"), ("{not json", "is not a roles file"),
+    ('{"roles": ["solve", "judge"]}', "names unknown roles ['judge']")])
+def test_a_malformed_roles_file_is_refused_by_testtime_and_compare(ci_testbed, tmp_path, capsys,
+                                                                   text, fragment):
+    model = tmp_path / "model"
+    shutil.copytree(ci_testbed, model)
+    (model / "roles.json").write_text(text)
+    refused(capsys, ["testtime", "--model", str(model), "--out", str(tmp_path / "t")],
+            str(model / "roles.json"), fragment)
+    refused(capsys, ["compare", "--models", f"base={model}", "--testtime-methods",
+                     "independent", "--out", str(tmp_path / "c")], fragment)
+    assert not (tmp_path / "t").exists() and not (tmp_path / "c").exists()
+
+
+def test_sft_data_that_is_not_a_regular_file_is_refused_without_reading_it(ci_testbed, tmp_path,
+                                                                           capsys):
+    fifo = tmp_path / "rows.fifo"
+    os.mkfifo(fifo)  # reading it would block until a writer comes
+    for data in ("/dev/zero", str(fifo), str(tmp_path), str(tmp_path / "missing.jsonl")):
+        refused(capsys, ["sft", "--model", str(ci_testbed), "--data", data, "--out",
+                         str(tmp_path / "o")], f"the SFT data {data!r} is not a regular file")
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["latent-revise", "search.n=0"], "in config section 'search': n (samples per prompt)"),
+    (["eval", "--n", "0"], "in config section 'sampling': n (samples per prompt)"),
+    (["latent-revise", "revise.steps=0"], "revise.steps (K, Frank-Wolfe steps) must be")])
+def test_a_shared_section_is_named_by_its_own_key(ci_testbed, tmp_path, capsys, args, fragment):
+    """SamplingConfig serves as sampling, search and eval: its errors name the section in
+    use; a section whose message already names itself is left as it is."""
+    err = refused(capsys, [*args, "--model", str(ci_testbed), "--out", str(tmp_path / "o")],
+                  fragment)
+    assert "in config section 'revise'" not in err and "sampling n" not in err

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from unusable_outs import KINDS, unusable_out, untouched
 
 from es_llm.compare.scaling import (analyze, difficulty_change, run_slope,
                                     shared_batch_correlation)
@@ -249,6 +250,16 @@ def test_bad_grids_are_refused_before_anything_is_written(setting, message, tmp_
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1, err
     assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_an_out_that_cannot_be_a_folder_is_refused(tmp_path, capsys, kind):
+    study = _script()
+    out = unusable_out(tmp_path, kind)
+    assert study.main(["--config", str(CI_CONFIG), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"--out {str(out)!r}" in err and err.count("\n") == 1, err
+    assert untouched(tmp_path)
 
 
 def test_a_grown_grid_reuses_stages_but_other_stage_settings_are_refused(tmp_path):

@@ -53,13 +53,13 @@ class SamplingParams:
 
     def __post_init__(self):
         if self.n < 1:
-            raise BadInput(f"sampling n (samples per prompt) must be at least 1, got {self.n}.")
+            raise BadInput(f"n (samples per prompt) must be at least 1, got {self.n}.")
         if self.temperature < 0:
-            raise BadInput(f"sampling temperature must be >= 0 (0 = greedy), got {self.temperature}.")
+            raise BadInput(f"temperature must be >= 0 (0 = greedy), got {self.temperature}.")
         if not 0 < self.top_p <= 1:
-            raise BadInput(f"sampling top_p must lie in (0, 1], got {self.top_p}.")
+            raise BadInput(f"top_p must lie in (0, 1], got {self.top_p}.")
         if self.max_tokens < 1:
-            raise BadInput(f"sampling max_tokens must be at least 1, got {self.max_tokens}.")
+            raise BadInput(f"max_tokens must be at least 1, got {self.max_tokens}.")
 
 
 @dataclass(frozen=True)

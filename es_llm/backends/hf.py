@@ -14,6 +14,11 @@ import torch
 from tqdm.auto import tqdm
 
 from es_llm.backends.base import Completion, SamplingParams, check_logprobs_mode
+from es_llm.errors import NonFinite
+
+
+NOT_FINITE = ("the model's next-token logits hold NaN or inf, so no token can be chosen from "
+              "them; its weights have diverged or do not fit the dtype it runs in.")
 
 
 def nucleus_sample(logits_B_V: torch.Tensor, temperature: float, top_p: float,
@@ -22,6 +27,9 @@ def nucleus_sample(logits_B_V: torch.Tensor, temperature: float, top_p: float,
     smallest set of tokens whose probability reaches ``top_p`` (Holtzman et al. 2020).
     ``temperature == 0`` is greedy. Returns token ids of shape ``[B]``."""
     if temperature == 0:
+        # argmax would pick a token even among NaNs and hide a broken model.
+        if not bool(logits_B_V.isfinite().all()):
+            raise NonFinite(NOT_FINITE, status=2)
         return logits_B_V.argmax(dim=-1)
     probs_B_V = torch.softmax(logits_B_V.float() / temperature, dim=-1)
     if top_p < 1.0:
@@ -34,7 +42,14 @@ def nucleus_sample(logits_B_V: torch.Tensor, temperature: float, top_p: float,
         # The draw happens where the generator lives, so a seed means the same tokens
         # whether the model runs on the CPU or an accelerator (given equal probabilities).
         probs_B_V = probs_B_V.to(generator.device)
-    return torch.multinomial(probs_B_V, 1, generator=generator).squeeze(-1)
+    try:
+        return torch.multinomial(probs_B_V, 1, generator=generator).squeeze(-1)
+    except RuntimeError:
+        # multinomial validates its input anyway; checking only when it refuses keeps the
+        # per-token loop free of an extra pass over the vocabulary.
+        if bool(probs_B_V.isfinite().all()):
+            raise
+        raise NonFinite(NOT_FINITE, status=2) from None
 
 
 def sampled_logprobs(logits_B_V: torch.Tensor, next_B: torch.Tensor, params: SamplingParams,

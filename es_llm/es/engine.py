@@ -22,12 +22,14 @@ from tqdm.auto import tqdm
 
 from es_llm.backends.base import SamplingParams
 from es_llm.config import run_config_yaml
-from es_llm.errors import BadInput
+from es_llm.errors import BadInput, NonFinite
 from es_llm.es.config import ESRunConfig
 from es_llm.es.weights import ModuleWeights
+from es_llm.finite import Diverged, check, check_start, stop_error
 from es_llm.io import complete_jsonl_rows, save_hf_checkpoint, write_text_atomic
 from es_llm.run_folder import AppendLog, written
 from es_llm.tasks import Problem
+from es_llm.tasks.base import too_long_notice
 from populations import es as pes
 from populations import lowrank
 from populations.optimizers import OptimizerConfig
@@ -144,8 +146,9 @@ def _row_served(edges: Edges, es_cfg: pes.ESConfig, state: pes.ESState, mine, ba
 def evaluate_members(edges: Edges, es_cfg: pes.ESConfig, state: pes.ESState, members,
                      batch: list[Problem], cfg: ESRunConfig) -> dict[int, tuple]:
     """What each member this rank owns (``owned_members``) scored: ``{index: (rewards per
-    prompt, correct count, well-formed count, digest of its texts)}``. The digest lets rank
-    0 tell whether a mirrored pair generated identical texts without sending them."""
+    prompt, correct count, well-formed count, digest of its texts, count of texts too long
+    to score)}``. The digest lets rank 0 tell whether a mirrored pair generated identical
+    texts without sending them."""
     params = SamplingParams(n=1, temperature=0.0, max_tokens=cfg.max_tokens, seed=cfg.seed)
     assigned = member_prompts(members, len(batch), cfg.es.prompts_per_member)
     mine = owned_members(members, edges.comm.rank, edges.comm.size)
@@ -155,7 +158,8 @@ def evaluate_members(edges: Edges, es_cfg: pes.ESConfig, state: pes.ESState, mem
         scores = edges.task.score_many(list(zip(problems, texts)))
         digest = hashlib.blake2b("\x1f".join(texts).encode(), digest_size=8).hexdigest()
         out[m.index] = ([s.reward for s in scores], sum(s.correct for s in scores),
-                        sum(s.format_ok for s in scores), digest)
+                        sum(s.format_ok for s in scores), digest,
+                        sum(s.too_long for s in scores))
     return out
 
 
@@ -181,7 +185,10 @@ def step(edges: Edges, es_cfg: pes.ESConfig, state: pes.ESState, problems: list[
     iteration = state.iteration
     members = pes.ask(es_cfg, state)
     batch = prompt_batch(problems, cfg, iteration)
-    mine = evaluate_members(edges, es_cfg, state, members, batch, cfg)
+    try:
+        mine = evaluate_members(edges, es_cfg, state, members, batch, cfg)
+    except NonFinite:
+        raise Diverged("next-token logits", "es/logits", math.nan, iteration > 0) from None
     t_eval = time.perf_counter() - t0
     # The only communication of an iteration: each rank's {member: rewards and counts}.
     gathered: dict[int, tuple] = {}
@@ -192,13 +199,16 @@ def step(edges: Edges, es_cfg: pes.ESConfig, state: pes.ESState, problems: list[
     assigned = member_prompts(members, len(batch), cfg.es.prompts_per_member)
     groups_N_P = torch.tensor(assigned) if cfg.es.prompts_per_member else None
     before = state.params
+    check("reward", "es/reward_mean", float(rewards_N_P.sum()), iteration > 0)
     state, es_metrics = pes.tell(es_cfg, state, rewards_N_P, groups_N_P)
-    edges.weights.set_master(state.params)
     metrics = {f"es/{k}": v for k, v in es_metrics.items()}
+    check_es_update(metrics, state, cfg.dtype, iteration > 0)
+    edges.weights.set_master(state.params)
     if cfg.dtype != "float32":
         metrics["es/realised_cosine"] = pes.realised_cosine(before, state.params,
                                                             getattr(torch, cfg.dtype))
     metrics.update(pair_diagnostics(members, gathered))
+    metrics["es/too_long"] = float(sum(g[4] for g in gathered.values()))
     # Greedy rollouts generated so far (every member on each of its prompts): the budget
     # axis the comparison report shares with the gradient trainers' samples/generated.
     samples = (iteration + 1) * rewards_N_P.numel()
@@ -215,6 +225,18 @@ def step(edges: Edges, es_cfg: pes.ESConfig, state: pes.ESState, problems: list[
         # Which batch index each reward belongs to (the groups of group_zscore).
         ledger["prompts_N_P"] = assigned
     return state, metrics, ledger
+
+
+def check_es_update(metrics: dict, state: pes.ESState, dtype: str, moved: bool) -> None:
+    """Raise ``Diverged`` when the estimate or the new weights are not finite, or (float16)
+    do not fit the served dtype: a cast beyond its range would serve inf."""
+    check("gradient estimate", "es/grad_norm", metrics["es/grad_norm"], moved, metrics)
+    check("update", "es/update_norm", metrics["es/update_norm"], True, metrics)
+    if dtype == "float16":
+        largest = max(float(t.abs().max()) for t in state.params.values())
+        if largest > torch.finfo(torch.float16).max:
+            raise Diverged("update (served in float16)", "es/largest_weight", math.inf, True,
+                           metrics)
 
 
 def probe_sigma(edges: Edges, cfg: ESRunConfig, problems: list[Problem],
@@ -303,6 +325,7 @@ def run(cfg: ESRunConfig, edges: Edges, problems: list[Problem], out: Path,
     ledger in ``out`` is replayed first and the run continues after its last iteration."""
     lead = edges.comm.rank == 0
     es_cfg = es_config(cfg)
+    check_start(edges.weights.master.items(), cfg.model)
     state = pes.init(es_cfg, edges.weights.master)
     if resume:
         state = replay(es_cfg, state, read_ledger(out))
@@ -316,16 +339,31 @@ def run(cfg: ESRunConfig, edges: Edges, problems: list[Problem], out: Path,
         metrics_f, ledger_f = _open_logs(out, state.iteration, again)
     bar = tqdm(range(state.iteration, cfg.iterations), desc="es", unit="iter",
                disable=not (progress and lead), initial=state.iteration, total=cfg.iterations)
+    said_too_long = False
     for it in bar:
-        state, metrics, ledger = step(edges, es_cfg, state, problems, cfg)
+        try:
+            state, metrics, ledger = step(edges, es_cfg, state, problems, cfg)
+        except Diverged as exc:
+            # Every rank computes the same update, so every rank stops here together; the
+            # ledger ends at the last finite iteration, which --resume rebuilds.
+            if lead:
+                metrics_f.write_row(exc.row(step=it))
+            edges.comm.barrier()
+            raise stop_error(exc, "iteration", it, f"Lower es.lr (now {cfg.es.lr:g})",
+                             out) from None
         if (it + 1) % cfg.checksum_every == 0 or it + 1 == cfg.iterations:
             check_ranks_agree(edges, it)
         if lead:
-            metrics_f.write(json.dumps({"step": it, **metrics}) + "\n")
+            metrics_f.write_row({"step": it, **metrics})
             ledger_f.write(json.dumps(ledger) + "\n")
             bar.write(f"iter {it:4d}  reward {metrics['es/reward_mean']:.4f} "
                       f"(max {metrics['es/reward_max']:.4f})  update {metrics['es/update_norm']:.3e}"
                       f"  {metrics['perf/iter_s']:.1f} s")
+            if metrics["es/too_long"] and not said_too_long:
+                said_too_long = True
+                bar.write(too_long_notice(int(metrics["es/too_long"]),
+                                          cfg.task.max_completion_chars, f"of iteration {it}",
+                                          "es/too_long"))
             if (it + 1) % cfg.checkpoint_every == 0 and it + 1 < cfg.iterations:
                 save_checkpoint(edges, cfg, out / "checkpoints" / f"step_{it + 1}", again)
     if lead:

@@ -163,7 +163,8 @@ class ArithmeticTask(InProcessTask):
         return score_completion(int(problem.gold), completion,
                                 format_weight=self.cfg.format_weight,
                                 max_digits=self._max_digits,
-                                require_answer_tag=self.cfg.require_answer_tag)
+                                require_answer_tag=self.cfg.require_answer_tag,
+                                max_completion_chars=self.cfg.max_completion_chars)
 
 
 @register_task("arithmetic", answer_tag=True)

@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
-# Completions longer than this score 0 before any parsing. A model's completions are far
-# shorter (they are cut at max_tokens); scoring runs in-process inside ES and GRPO with no
-# timeout, so no input may make it slow.
+# The default of task.max_completion_chars: completions longer than this score 0 before any
+# parsing. Scoring runs in-process inside ES and GRPO with no timeout, so no input may make
+# it slow; 16k characters is some 4k tokens of reasoning.
 MAX_COMPLETION_CHARS = 16_384
 
 
@@ -63,6 +63,8 @@ class Score:
     equivalent final answers (used by maj@k and answer entropy); ``solution_key`` groups
     equivalent solutions (used to count distinct correct solutions). ``error`` says why
     scoring failed, if it did; a failure always means reward 0, never an exception.
+    ``too_long``: the completion exceeded the task's ``max_completion_chars`` and was not
+    read at all.
     """
 
     reward: float
@@ -72,6 +74,7 @@ class Score:
     answer_key: str | None = None
     solution_key: str | None = None
     error: str | None = None
+    too_long: bool = False
 
     def details(self) -> dict:
         return {
@@ -80,6 +83,7 @@ class Score:
             "answer_key": self.answer_key,
             "solution_key": self.solution_key,
             "error": self.error,
+            "too_long": self.too_long,
         }
 
 
@@ -88,8 +92,17 @@ def too_long(completion: str, limit: int = MAX_COMPLETION_CHARS) -> Score | None
     check this before parsing anything."""
     if len(completion) <= limit:
         return None
-    return Score(reward=0.0, correct=False,
+    return Score(reward=0.0, correct=False, too_long=True,
                  error=f"completion too long ({len(completion)} chars > {limit})")
+
+
+def too_long_notice(count: int, limit: int, where: str, key: str) -> str:
+    """What a run says, once, when completions first exceed ``task.max_completion_chars``;
+    ``key`` names the metric that counts them."""
+    return (f"es-llm: {count} completion(s) {where} were longer than task.max_completion_chars="
+            f"{limit} characters and scored 0 unread; if the model legitimately writes that "
+            f"much, raise task.max_completion_chars ({key} in the metrics counts them; this is "
+            f"said once).")
 
 
 class Task(Protocol):

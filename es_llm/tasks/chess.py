@@ -621,7 +621,8 @@ class ChessTask(InProcessTask):
         tablebase = self._tablebase() if problem.gold["kind"] == "win" else None
         return score_completion(problem.gold, completion, format_weight=self.cfg.format_weight,
                                 tablebase=tablebase, max_chars=self._max_chars,
-                                require_answer_tag=self.cfg.require_answer_tag)
+                                require_answer_tag=self.cfg.require_answer_tag,
+                                max_completion_chars=self.cfg.max_completion_chars)
 
     def close(self) -> None:
         """Close the task's tablebase files (reopened if the task is used again)."""

@@ -7,7 +7,7 @@ evaluated by Python: the answer is parsed with ``ast.parse`` under a length cap,
 ``+ - * /`` over plain decimal integer literals is accepted, the literals must be exactly the
 given numbers, and the value is computed with exact ``fractions.Fraction`` arithmetic. The
 work is therefore bounded by the number of given numbers, so no timeout is needed; a
-completion longer than ``MAX_COMPLETION_CHARS`` scores 0 before any parsing, and the answer
+completion longer than ``task.max_completion_chars`` scores 0 before any parsing, and the answer
 tags are found in one linear scan.
 
 By default an answer outside ``<answer>`` tags (the last line, or the text after an unclosed
@@ -419,7 +419,8 @@ class CountdownTask(InProcessTask):
         self._gen = {"min_number": min_number, "max_number": max_number,
                      "max_target": max_target}
         self._limits = {"max_chars": max_answer_chars,
-                        "require_answer_tag": cfg.require_answer_tag}
+                        "require_answer_tag": cfg.require_answer_tag,
+                        "max_completion_chars": cfg.max_completion_chars}
         self._problems: list[Problem] | None = None
 
     def problems(self) -> list[Problem]:

@@ -14,7 +14,7 @@ from typing import Callable
 
 from es_llm.config import choice
 from es_llm.errors import BadInput
-from es_llm.tasks.base import Problem, Task
+from es_llm.tasks.base import MAX_COMPLETION_CHARS, Problem, Task
 from populations.numbers import is_finite_number
 from populations.registry import Registry
 
@@ -54,6 +54,12 @@ class TaskConfig:
     # Tasks with <answer> tags (countdown, arithmetic, chess): count an answer only inside a
     # closed tag, as the ES paper's Countdown reward does; false also accepts the last line.
     require_answer_tag: bool = False
+    # Tasks scored in-process (countdown, arithmetic, chess): a completion longer than this
+    # many characters scores 0 before any parsing, so no output can make scoring slow. Such
+    # completions are counted (too_long in eval's metrics.json, es/too_long and
+    # rollout/too_long per training step) and the first is announced; a model that
+    # legitimately reasons longer needs a higher bound.
+    max_completion_chars: int = MAX_COMPLETION_CHARS
     # Code tasks: programs judged at once in the sandbox pool (0 = twice the CPU count).
     workers: int = 0
     # Code tasks: run model-written programs WITHOUT the bubblewrap sandbox (limits only).
@@ -96,6 +102,9 @@ class TaskConfig:
         if not isinstance(self.unsafe_no_sandbox, bool):
             raise BadInput(f"task.unsafe_no_sandbox must be true or false, got "
                            f"{self.unsafe_no_sandbox!r}.")
+        if not (_is_int(self.max_completion_chars) and self.max_completion_chars >= 1):
+            raise BadInput(f"task.max_completion_chars must be a positive integer (characters), "
+                           f"got {self.max_completion_chars!r}.")
         if not (is_finite_number(self.format_weight) and 0 <= self.format_weight < 1):
             raise BadInput(f"task.format_weight must lie in [0, 1) (0 = reward correctness "
                            f"only), got {self.format_weight!r}.")

@@ -28,12 +28,15 @@ def model_roles(folder: str | Path) -> tuple[str, ...]:
     if not path.is_file():
         return ("solve",)
     try:
-        roles = json.loads(path.read_text())["roles"]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise BadInput(f"{path} is not a roles file ({type(exc).__name__}); it should hold "
-                       f'{{"roles": [...]}} with roles from {", ".join(ROLES)}.') from None
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        data = exc
+    roles = data.get("roles") if isinstance(data, dict) else None
+    if not (isinstance(roles, list) and all(isinstance(r, str) for r in roles)):
+        raise BadInput(f"{path} is not a roles file: it should hold a JSON object "
+                       f'{{"roles": [...]}} listing role names from {", ".join(ROLES)}.')
     unknown = sorted(set(roles) - set(ROLES))
-    if unknown or not isinstance(roles, list):
+    if unknown:
         raise BadInput(f"{path} names unknown roles {unknown}; valid roles are: "
                        f"{', '.join(ROLES)}.")
     return tuple(roles)
