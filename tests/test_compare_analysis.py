@@ -15,7 +15,7 @@ from es_llm.compare.analysis import (
     crossover_k,
     paired,
     passk_table,
-    resample_weights,
+    shared_resamples,
 )
 from es_llm.compare.samples import align, load_samples
 from es_llm.errors import BadInput
@@ -55,7 +55,7 @@ def test_crossover_is_the_first_k_where_the_trailing_model_draws_ahead():
 
 def test_paired_difference_calls_a_side_only_when_the_interval_excludes_zero():
     rng = np.random.default_rng(0)
-    w = resample_weights(200, rng, 2000)
+    w = shared_resamples(200, rng, 2000)
     a = np.r_[np.ones(120), np.zeros(80)]
     clear = paired(a, np.r_[np.ones(60), np.zeros(140)], w)
     assert clear["diff"] == pytest.approx(0.3) and clear["ahead"] == "a"
@@ -67,13 +67,25 @@ def test_paired_difference_calls_a_side_only_when_the_interval_excludes_zero():
     assert behind["ahead"] == "b" and behind["diff"] == pytest.approx(-0.6)
 
 
-def test_band_matches_the_metrics_bootstrap_interval():
+def test_band_is_the_metrics_bootstrap_interval_on_every_column():
     values = np.random.default_rng(3).random(300)
-    lo, hi = band(np.stack([values, 2 * values], axis=1),
-                  resample_weights(300, np.random.default_rng(4), 4000))
-    ref_lo, ref_hi = bootstrap_ci(values, np.random.default_rng(5), num_resamples=4000)
-    assert lo[0] == pytest.approx(ref_lo, abs=0.004) and hi[0] == pytest.approx(ref_hi, abs=0.004)
-    assert lo[1] == pytest.approx(2 * lo[0]) and hi[1] == pytest.approx(2 * hi[0])
+    resamples = shared_resamples(300, np.random.default_rng(4), 4000)
+    lo, hi = band(np.stack([values, 2 * values], axis=1), resamples)
+    # The band's resamples are those of a child of the generator it was given.
+    child = np.random.default_rng(4).spawn(1)[0]
+    assert (lo[0], hi[0]) == bootstrap_ci(values, child, num_resamples=4000)
+    # Every column is resampled the same way, so doubling the values doubles the bounds.
+    assert lo[1] == pytest.approx(2 * lo[0], rel=1e-12)
+    assert hi[1] == pytest.approx(2 * hi[0], rel=1e-12)
+    # The same resamples again give the same band; another call of shared_resamples another.
+    assert band(values[:, None], resamples) == (lo[:1], hi[:1])
+    other = band(values[:, None], shared_resamples(300, np.random.default_rng(4), 4000))
+    assert other == (lo[:1], hi[:1])
+    rng = np.random.default_rng(4)
+    first, second = shared_resamples(300, rng, 4000), shared_resamples(300, rng, 4000)
+    assert band(values[:, None], first) != band(values[:, None], second)
+    with pytest.raises(ValueError, match="299 problems"):
+        band(values[:-1, None], resamples)
 
 
 def test_passk_table_is_the_unbiased_estimator_for_every_k():

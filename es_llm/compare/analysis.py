@@ -8,7 +8,9 @@ reported beside them (``seed_values``), and neither is passed off as the other.
 
 from __future__ import annotations
 
+import copy
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -23,6 +25,7 @@ from es_llm.metrics import (
     progressions_regressions,
     solved_set,
 )
+from es_llm.metrics.bootstrap import percentile_interval
 
 
 def passk_table(correct, ks: list[int]) -> np.ndarray:
@@ -30,33 +33,48 @@ def passk_table(correct, ks: list[int]) -> np.ndarray:
     return np.stack([pass_at_k_per_problem(correct, k) for k in ks], axis=1)
 
 
-def resample_weights(num_problems: int, rng: np.random.Generator, num_resamples: int) -> np.ndarray:
-    """R x P bootstrap weights: how often each problem is drawn in each resample of P problems
-    (with replacement), divided by P. ``weights_R_P @ values_P`` are the resampled means, and
-    reusing one matrix across k and across models makes bands and paired differences coherent."""
-    counts = rng.multinomial(num_problems, np.full(num_problems, 1.0 / num_problems),
-                             size=num_resamples)
-    return counts / num_problems
+@dataclass(frozen=True)
+class Resamples:
+    """One fixed set of bootstrap resamples of a comparison's P problems.
+
+    Every ``band`` given the same ``Resamples`` (so every ``paired`` difference too) resamples
+    the same problems in the same order: each draws from a fresh copy of ``rng``. That keeps
+    the bands of every k and of every model, and their paired differences, coherent."""
+
+    num_problems: int
+    num_resamples: int
+    # A child of the caller's generator, never drawn from itself: only its copies are.
+    rng: np.random.Generator
 
 
-def band(values_P_K: np.ndarray, weights_R_P: np.ndarray, level: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
+def shared_resamples(num_problems: int, rng: np.random.Generator, num_resamples: int) -> Resamples:
+    """``num_resamples`` resamples of ``num_problems`` problems for ``band``, from a child of
+    ``rng`` (``Generator.spawn``: the caller's own stream is not advanced, and each call gives
+    other resamples)."""
+    return Resamples(num_problems, num_resamples, rng.spawn(1)[0])
+
+
+def band(values_P_K: np.ndarray, resamples: Resamples, level: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
     """Percentile bootstrap interval of the mean over problems, for every column.
 
     Args:
         values_P_K: per-problem values, one column per statistic (e.g. per k).
-        weights_R_P: from ``resample_weights``.
-    Returns: ``(lo_K, hi_K)``; the same percentile method as ``metrics.bootstrap_ci``."""
-    means_R_K = weights_R_P @ values_P_K
-    alpha = 1.0 - level
-    lo, hi = np.quantile(means_R_K, [alpha / 2.0, 1.0 - alpha / 2.0], axis=0)
-    return lo, hi
+        resamples: from ``shared_resamples`` for these P problems.
+    Returns: ``(lo_K, hi_K)`` from ``metrics.bootstrap.percentile_interval``, every column on
+    the same resamples."""
+    values_P_K = np.asarray(values_P_K, dtype=np.float64)
+    if values_P_K.shape[0] != resamples.num_problems:
+        raise ValueError(f"band got {values_P_K.shape[0]} problems, its resamples are of "
+                         f"{resamples.num_problems}")
+    return percentile_interval(values_P_K.T, lambda x_K_R_P: x_K_R_P.mean(axis=-1),
+                               copy.deepcopy(resamples.rng), resamples.num_resamples, level)
 
 
-def paired(values_a_P: np.ndarray, values_b_P: np.ndarray, weights_R_P: np.ndarray) -> dict:
+def paired(values_a_P: np.ndarray, values_b_P: np.ndarray, resamples: Resamples) -> dict:
     """Mean of a - b over problems with its paired bootstrap 95% interval and a verdict that
     only calls a side ahead when the interval excludes 0."""
     diff_P = np.asarray(values_a_P, float) - np.asarray(values_b_P, float)
-    lo, hi = band(diff_P[:, None], weights_R_P)
+    lo, hi = band(diff_P[:, None], resamples)
     lo, hi = float(lo[0]), float(hi[0])
     verdict = "a" if lo > 0 else "b" if hi < 0 else "tie"
     return {"a": float(np.mean(values_a_P)), "b": float(np.mean(values_b_P)),
@@ -110,11 +128,11 @@ def model_stats(s: SampleSet, base: SampleSet | None, ks: list[int], rng: np.ran
     return out
 
 
-def method_stats(models: list[dict], ks: list[int], weights_R_P: np.ndarray) -> dict:
+def method_stats(models: list[dict], ks: list[int], resamples: Resamples) -> dict:
     """One method from its seeds' ``model_stats``: seed-averaged curves with bootstrap bands,
     the per-seed values, and seed-averaged coverage, histogram and diversity."""
     passk_P_K = _mean_over_seeds([m["passk_P_K"] for m in models])
-    lo, hi = band(passk_P_K, weights_R_P)
+    lo, hi = band(passk_P_K, resamples)
     div_keys = ("distinct_answers", "answer_entropy", "plurality_share", "distinct_1",
                 "distinct_2", "distinct_3", "self_bleu")
     diversity = {view: {k: _nanmean([m["diversity"][view][k] for m in models]) for k in div_keys}
@@ -149,7 +167,8 @@ def _nanmean(values) -> float | None:
     return float(np.mean(vals)) if vals else None
 
 
-def pair_stats(a: list[dict], b: list[dict], ks: list[int], problem_ids: tuple, weights_R_P) -> dict:
+def pair_stats(a: list[dict], b: list[dict], ks: list[int], problem_ids: tuple,
+               resamples: Resamples) -> dict:
     """Method a against method b on the same problems: paired differences (seed-averaged per
     problem) of pass@1, pass@n, answer entropy and distinct correct solutions, the crossover k
     of their pass@k curves, and coverage overlap averaged over all seed pairings."""
@@ -162,13 +181,13 @@ def pair_stats(a: list[dict], b: list[dict], ks: list[int], problem_ids: tuple, 
     mean_lap["num_neither"] = n_all - sum(mean_lap.values())
     return {
         "a": a[0]["method"], "b": b[0]["method"],
-        "pass@1": paired(pa[:, 0], pb[:, 0], weights_R_P),
-        f"pass@{ks[-1]}": paired(pa[:, -1], pb[:, -1], weights_R_P),
+        "pass@1": paired(pa[:, 0], pb[:, 0], resamples),
+        f"pass@{ks[-1]}": paired(pa[:, -1], pb[:, -1], resamples),
         "answer_entropy": paired(_mean_over_seeds([m["entropy_P"] for m in a]),
-                                 _mean_over_seeds([m["entropy_P"] for m in b]), weights_R_P),
+                                 _mean_over_seeds([m["entropy_P"] for m in b]), resamples),
         "distinct_correct": paired(_mean_over_seeds([m["distinct_correct_P"] for m in a]),
                                    _mean_over_seeds([m["distinct_correct_P"] for m in b]),
-                                   weights_R_P),
+                                   resamples),
         "crossover_k": crossover_k(pa.mean(axis=0), pb.mean(axis=0), ks),
         "overlap": mean_lap,
     }
@@ -185,12 +204,12 @@ def compare_sets(sets: list[SampleSet], base: str, rng: np.random.Generator,
     base_set = next(s for s in sets if s.name == base or s.method == base)
     n = sets[0].n
     ks = list(range(1, n + 1))
-    weights_R_P = resample_weights(len(sets[0].problem_ids), rng, num_resamples)
+    resamples = shared_resamples(len(sets[0].problem_ids), rng, num_resamples)
     models = {s.name: model_stats(s, base_set, ks, rng) for s in sets}
     by_method: dict[str, list[dict]] = {}
     for m in models.values():
         by_method.setdefault(m["method"], []).append(m)
-    methods = {name: method_stats(ms, ks, weights_R_P) for name, ms in by_method.items()}
+    methods = {name: method_stats(ms, ks, resamples) for name, ms in by_method.items()}
     order = [base_set.method] + [m for m in by_method if m != base_set.method]
     # (a, b) reads "a - b": every trained method against the reference, then each pair of
     # trained methods in the order given.
@@ -203,7 +222,7 @@ def compare_sets(sets: list[SampleSet], base: str, rng: np.random.Generator,
         "problem_ids": list(sets[0].problem_ids),
         "models": {name: _public(m) for name, m in models.items()},
         "methods": methods,
-        "pairs": [pair_stats(by_method[a], by_method[b], ks, sets[0].problem_ids, weights_R_P)
+        "pairs": [pair_stats(by_method[a], by_method[b], ks, sets[0].problem_ids, resamples)
                   for a, b in pairs],
     }
 

@@ -18,7 +18,7 @@ from typing import Callable
 
 import numpy as np
 
-from es_llm.compare.analysis import paired, passk_table, resample_weights
+from es_llm.compare.analysis import paired, passk_table, shared_resamples
 from es_llm.errors import BadInput
 from es_llm.io import complete_jsonl_rows, write_text_atomic
 
@@ -117,14 +117,15 @@ def point_stats(greedy: dict, base_greedy: dict, sampled: dict | None, base_samp
     ids = sorted(base_greedy)
     g_P = _matrix(greedy, ids, "a greedy read")[:, 0].astype(float)
     b_P = _matrix(base_greedy, ids, "the base model's greedy read")[:, 0].astype(float)
-    weights = resample_weights(len(ids), rng, resamples)
-    out = {"greedy": paired(g_P, b_P, weights)}
+    greedy_draws = shared_resamples(len(ids), rng, resamples)
+    out = {"greedy": paired(g_P, b_P, greedy_draws)}
     if sampled is not None and base_sampled is not None:
         sids = sorted(base_sampled)
         s_PK = passk_table(_matrix(sampled, sids, "a sampled read"), ks)
         b_PK = passk_table(_matrix(base_sampled, sids, "the base model's sampled read"), ks)
-        sw = resample_weights(len(sids), rng, resamples)
-        out["passk"] = {str(k): paired(s_PK[:, j], b_PK[:, j], sw) for j, k in enumerate(ks)}
+        sampled_draws = shared_resamples(len(sids), rng, resamples)
+        out["passk"] = {str(k): paired(s_PK[:, j], b_PK[:, j], sampled_draws)
+                        for j, k in enumerate(ks)}
     return out
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from es_llm.compare.analysis import paired, passk_table, resample_weights
+from es_llm.compare.analysis import Resamples, paired, passk_table, shared_resamples
 from es_llm.compare.samples import SampleSet
 from es_llm.metrics import answer_entropy
 
@@ -44,14 +44,15 @@ def _sampled(sets: list[SampleSet]) -> dict:
             "entropy": float(np.mean(entropy))}
 
 
-def _greedy_vs(reference: list[SampleSet], method: list[SampleSet], weights_R_P) -> dict:
+def _greedy_vs(reference: list[SampleSet], method: list[SampleSet],
+               resamples: Resamples) -> dict:
     """Greedy accuracy of ``method`` against ``reference``: the paired difference of the
     seed-mean correctness per problem, and the problems newly solved and lost (seed means)."""
     ref_P = np.mean([np.array([c[0] for c in s.correct], float) for s in reference], axis=0)
     per_seed = [np.array([c[0] for c in s.correct], float) for s in method]
     gained = [int(np.sum((ref_P == 0) & (m_P == 1))) for m_P in per_seed]
     lost = [int(np.sum((ref_P == 1) & (m_P == 0))) for m_P in per_seed]
-    return {"greedy": paired(np.mean(per_seed, axis=0), ref_P, weights_R_P),
+    return {"greedy": paired(np.mean(per_seed, axis=0), ref_P, resamples),
             "newly_solved": float(np.mean(gained)), "lost": float(np.mean(lost)),
             "seed_values": {s.name: {"newly_solved": g, "lost": l}
                             for s, g, l in zip(method, gained, lost)}}
@@ -89,8 +90,8 @@ def capability(views: list[dict], reference: str, rng: np.random.Generator,
         entry = {"data": data, "num_problems": len(first[ref][0].problem_ids),
                  "methods": methods, "vs_reference": {}}
         if 0 in mine:
-            weights_R_P = resample_weights(len(first[ref][0].problem_ids), rng, num_resamples)
-            entry["vs_reference"] = {m: _greedy_vs(mine[0][ref], mine[0][m], weights_R_P)
+            resamples = shared_resamples(len(first[ref][0].problem_ids), rng, num_resamples)
+            entry["vs_reference"] = {m: _greedy_vs(mine[0][ref], mine[0][m], resamples)
                                      for m in mine[0] if m != ref}
         out_sets.append(entry)
     return {"reference": reference, "temperatures": [view_label(t) for t in temperatures],

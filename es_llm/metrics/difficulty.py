@@ -27,6 +27,7 @@ from typing import Sequence
 
 import numpy as np
 
+from es_llm.metrics.bootstrap import percentile_interval
 from es_llm.metrics.passk import bootstrap_ci
 
 # Upper edges of the default base-difficulty bins (1 - base success rate): solved almost
@@ -73,23 +74,24 @@ def drg_auc(difficulty_P, accuracy_P) -> float:
 
 def drg(difficulty_P, accuracy_P, rng: np.random.Generator | None = None,
         num_resamples: int = 1000) -> dict:
-    """``{"value", "auc", "ci95"}``: DRG = 2 AUC - 1 and, with ``rng``, a percentile
-    bootstrap interval over problems (resamples where it is undefined are left out)."""
+    """``{"value", "auc", "ci95"}``: DRG = 2 AUC - 1 and, with ``rng``, a 95% percentile
+    bootstrap interval over problems (difficulty and accuracy resampled together; resamples
+    where DRG is undefined are left out, and ``ci95`` is None when every one is)."""
     auc = drg_auc(difficulty_P, accuracy_P)
     out = {"value": 2 * auc - 1, "auc": auc, "ci95": None}
     if rng is not None and np.isfinite(auc):
         e = np.asarray(difficulty_P, dtype=np.float64).reshape(-1)
         acc = np.asarray(accuracy_P, dtype=np.float64).reshape(-1)
-        draws = []
-        for _ in range(num_resamples):
-            idx = rng.integers(0, e.size, e.size)
-            a = drg_auc(e[idx], acc[idx])
-            if np.isfinite(a):
-                draws.append(2 * a - 1)
-        if draws:
-            lo, hi = np.percentile(draws, [2.5, 97.5])
+        lo, hi = percentile_interval(np.stack([e, acc]), _resampled_drg, rng, num_resamples,
+                                     level=0.95)
+        if np.isfinite(lo):
             out["ci95"] = [float(lo), float(hi)]
     return out
+
+
+def _resampled_drg(x_2_R_P: np.ndarray) -> np.ndarray:
+    """DRG of each resample (rows: difficulty, accuracy); NaN where it is undefined."""
+    return np.array([2 * drg_auc(e, acc) - 1 for e, acc in zip(x_2_R_P[0], x_2_R_P[1])])
 
 
 def difficulty_bins(difficulty_P, edges: Sequence[float] = DEFAULT_EDGES) -> np.ndarray:

@@ -23,8 +23,8 @@ def linear_fit(x_N, y_N, level: float = 0.95) -> dict:
     Returns a JSON-ready dict: ``slope``, ``intercept``, their intervals ``slope_ci`` and
     ``intercept_ci`` (Student t with N - 2 degrees of freedom on the usual standard errors,
     e.g. Draper & Smith, "Applied Regression Analysis", ch. 1), ``r2`` (None for a constant
-    y), ``residual_sd``,
-    ``n``, and what ``line_band`` needs (``x_mean``, ``sxx``, ``t``).
+    y), ``residual_sd``, ``n``, and what ``line_band`` needs (``x_mean``, ``sxx``, ``t``).
+    The line and its standard errors are ``scipy.stats.linregress``'s.
 
     Raises ValueError for fewer than 3 points, unequal lengths, non-finite values or a
     constant x (the slope is then undefined).
@@ -39,28 +39,25 @@ def linear_fit(x_N, y_N, level: float = 0.95) -> dict:
         raise ValueError("linear_fit needs finite values")
     if not 0.0 < level < 1.0:
         raise ValueError(f"level must be in (0, 1), got {level}")
-    n = x.size
-    x_mean, y_mean = x.mean(), y.mean()
-    sxx = float(((x - x_mean) ** 2).sum())
-    if sxx == 0.0:
+    if np.all(x == x[0]):
         raise ValueError("linear_fit needs x values that are not all equal")
-    slope = float(((x - x_mean) * (y - y_mean)).sum() / sxx)
-    intercept = float(y_mean - slope * x_mean)
-    residuals = y - (intercept + slope * x)
-    sse = float((residuals ** 2).sum())
-    sst = float(((y - y_mean) ** 2).sum())
-    s2 = sse / (n - 2)
-    t = float(stats.t.ppf(0.5 + level / 2.0, n - 2))
-    se_slope = math.sqrt(s2 / sxx)
-    se_intercept = math.sqrt(s2 * (1.0 / n + x_mean ** 2 / sxx))
+    fit = stats.linregress(x, y)
+    constant_y = bool(np.all(y == y[0]))
+    # linregress leaves the errors undefined (NaN) for a constant y; the line then fits
+    # every point exactly, so they are 0.
+    se_slope = 0.0 if constant_y else float(fit.stderr)
+    se_intercept = 0.0 if constant_y else float(fit.intercept_stderr)
+    t = float(stats.t.ppf(0.5 + level / 2.0, x.size - 2))
+    sxx = float(((x - x.mean()) ** 2).sum())
+    slope, intercept = float(fit.slope), float(fit.intercept)
     return {
         "slope": slope, "intercept": intercept,
         "slope_ci": [slope - t * se_slope, slope + t * se_slope],
         "intercept_ci": [intercept - t * se_intercept, intercept + t * se_intercept],
-        # None when y is constant (no variance to explain).
-        "r2": 1.0 - sse / sst if sst > 0 else None,
-        "residual_sd": math.sqrt(s2), "n": n, "level": level,
-        "x_mean": float(x_mean), "sxx": sxx, "t": t,
+        "r2": None if constant_y else float(fit.rvalue) ** 2,
+        # se(slope) = s / sqrt(sxx), so the residual standard deviation s is:
+        "residual_sd": se_slope * math.sqrt(sxx), "n": int(x.size), "level": level,
+        "x_mean": float(x.mean()), "sxx": sxx, "t": t,
     }
 
 
@@ -75,11 +72,10 @@ def line_band(fit: dict, x_M) -> tuple[np.ndarray, np.ndarray]:
 
 
 def curve_slope(x_T, y_T) -> float:
-    """The least-squares slope of a curve (e.g. reward against generated samples); needs two
-    or more points with x not all equal."""
+    """The least-squares slope of a curve (e.g. reward against generated samples,
+    ``scipy.stats.linregress``); needs two or more points with x not all equal."""
     x = np.asarray(x_T, dtype=np.float64)
     y = np.asarray(y_T, dtype=np.float64)
     if x.size < 2 or x.size != y.size or np.all(x == x[0]):
         raise ValueError("curve_slope needs two or more points with different x")
-    xc = x - x.mean()
-    return float((xc * (y - y.mean())).sum() / (xc ** 2).sum())
+    return float(stats.linregress(x, y).slope)

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from es_llm.metrics.bootstrap import percentile_interval
+
 
 def as_bool_rows(correct) -> list[np.ndarray]:
     """Normalise ``correct`` to a list of 1-D boolean arrays, one per problem.
@@ -301,9 +303,10 @@ def bootstrap_ci(
     Returns:
         ``(lo, hi)`` floats.
 
-    Reference: Efron & Tibshirani 1993, "An Introduction to the Bootstrap", percentile method.
-    Only problems are resampled, not the samples within a problem, so the interval reflects the
-    choice of problems and treats each per-problem estimate as fixed.
+    Reference: Efron & Tibshirani 1993, "An Introduction to the Bootstrap", percentile method,
+    through ``bootstrap.percentile_interval``. Only problems are resampled, not the samples
+    within a problem, so the interval reflects the choice of problems and treats each
+    per-problem estimate as fixed.
 
     Raises:
         ValueError: empty or non-finite values, or a level outside (0, 1).
@@ -313,20 +316,8 @@ def bootstrap_ci(
         raise ValueError("bootstrap_ci needs at least one value")
     if not np.all(np.isfinite(values)):
         raise ValueError("bootstrap_ci needs finite values")
-    if not 0.0 < level < 1.0:
-        raise ValueError(f"level must be in (0, 1), got {level}")
-    if num_resamples < 1:
-        raise ValueError(f"num_resamples must be >= 1, got {num_resamples}")
-    num_problems = values.size
-    # Resample in blocks so R x P indices never need more than a few MB at once.
-    chunk = max(1, (1 << 20) // num_problems)
-    means_R = np.empty(num_resamples, dtype=np.float64)
-    for start in range(0, num_resamples, chunk):
-        stop = min(start + chunk, num_resamples)
-        idx = rng.integers(0, num_problems, size=(stop - start, num_problems))
-        means_R[start:stop] = values[idx].mean(axis=1)
-    alpha = 1.0 - level
-    lo, hi = np.quantile(means_R, [alpha / 2.0, 1.0 - alpha / 2.0])
+    lo, hi = percentile_interval(values, lambda x_R_P: x_R_P.mean(axis=-1), rng,
+                                 num_resamples, level)
     return float(lo), float(hi)
 
 

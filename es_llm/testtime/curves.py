@@ -10,32 +10,27 @@ width, so they read as the mean success over that range of budgets.
 from __future__ import annotations
 
 import numpy as np
+from scipy.optimize import isotonic_regression
+
+from es_llm.metrics.bootstrap import percentile_interval
 
 
 def isotonic_fit(x_N: np.ndarray, y_N: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The non-decreasing least-squares fit of ``y`` on ``x`` by pool-adjacent-violators.
+    """The non-decreasing least-squares fit of ``y`` on ``x`` (pool-adjacent-violators,
+    ``scipy.optimize.isotonic_regression``).
 
     Returns ``(knots_x_K, knots_y_K)``: the distinct sorted x values and the fitted value
-    at each (ties in x are pooled first, weighted by their count). DART's budget map (Lee
-    et al. 2026) is such a fit from draft entropy to the tokens a problem needed.
+    at each (ties in x are pooled first: their mean y, weighted by their count). DART's
+    budget map (Lee et al. 2026) is such a fit from draft entropy to the tokens a problem
+    needed.
     """
     x_N, y_N = np.asarray(x_N, float), np.asarray(y_N, float)
     if x_N.shape != y_N.shape or x_N.ndim != 1 or not len(x_N):
         raise ValueError("isotonic_fit needs two 1-D arrays of the same non-zero length")
     knots_x_K, inverse = np.unique(x_N, return_inverse=True)
-    sums = np.bincount(inverse, weights=y_N)
-    counts = np.bincount(inverse).astype(float)
-    # Blocks of (sum, count, number of knots); merge while a block's mean exceeds the next's.
-    blocks: list[list[float]] = []
-    for s, c in zip(sums, counts):
-        blocks.append([s, c, 1])
-        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
-            s2, c2, k2 = blocks.pop()
-            blocks[-1][0] += s2
-            blocks[-1][1] += c2
-            blocks[-1][2] += k2
-    knots_y_K = np.concatenate([np.full(int(k), s / c) for s, c, k in blocks])
-    return knots_x_K, knots_y_K
+    counts_K = np.bincount(inverse).astype(float)
+    means_K = np.bincount(inverse, weights=y_N) / counts_K
+    return knots_x_K, isotonic_regression(means_K, weights=counts_K).x
 
 
 def isotonic_predict(knots_x_K: np.ndarray, knots_y_K: np.ndarray, x: float) -> float:
@@ -91,19 +86,22 @@ def auc_difference_ci(tokens_P: dict, success_P: dict, first: str, second: str, 
 
     ``tokens_P[m]`` / ``success_P[m]``: one array per budget level of method m, each of
     shape [P] over the same problems in the same order. Each resample draws P problems with
-    replacement, recomputes every point's mean tokens and success, and both areas over the
-    fixed range ``[low, high]``.
+    replacement (the same ones for every array), recomputes every point's mean tokens and
+    success, and both areas over the fixed range ``[low, high]``.
     """
-    def area(m: str, idx: np.ndarray) -> float:
-        return log_auc(np.array([t[idx].mean() for t in tokens_P[m]]),
-                       np.array([s[idx].mean() for s in success_P[m]]), low, high)
+    # Rows: first's tokens at each level, its success at each level, then second's.
+    rows_F_P = np.array([row for m in (first, second) for row in (*tokens_P[m], *success_P[m])],
+                        dtype=float)
 
-    num = len(tokens_P[first][0])
-    everything = np.arange(num)
-    diffs = np.empty(resamples)
-    for r in range(resamples):
-        idx = rng.integers(0, num, num)
-        diffs[r] = area(first, idx) - area(second, idx)
-    lo, hi = np.percentile(diffs, [2.5, 97.5])
-    return {"value": area(first, everything) - area(second, everything),
+    def area_R(means_2L_R: np.ndarray) -> np.ndarray:
+        tokens_L_R, success_L_R = np.split(means_2L_R, 2)
+        return np.array([log_auc(t_L, s_L, low, high)
+                         for t_L, s_L in zip(tokens_L_R.T, success_L_R.T)])
+
+    def difference(x_F_R_P: np.ndarray) -> np.ndarray:
+        first_2L_R, second_2L_R = np.split(x_F_R_P.mean(axis=-1), [2 * len(tokens_P[first])])
+        return area_R(first_2L_R) - area_R(second_2L_R)
+
+    lo, hi = percentile_interval(rows_F_P, difference, rng, resamples, level=0.95)
+    return {"value": float(difference(rows_F_P[:, None, :])[0]),
             "ci95": [float(lo), float(hi)]}
