@@ -40,9 +40,18 @@ def test_linear_fit_by_hand():
     assert hi[1] - lo[1] > hi[0] - lo[0]  # the band widens away from the mean
     assert curve_slope([0, 1, 2], [1, 3, 5]) == pytest.approx(2.0)
     assert run_slope({"samples": [0, 500, 1000], "reward": [0.1, 0.2, 0.3]}) == pytest.approx(0.2)
+    assert curve_slope([0, 2], [1, 0]) == pytest.approx(-0.5)
     for bad in (([1, 2], [1, 2]), ([1, 1, 1], [1, 2, 3]), ([1, 2, 3], [1, 2])):
         with pytest.raises(ValueError):
             linear_fit(*bad)
+
+
+def test_a_constant_y_fits_exactly_with_zero_width_intervals():
+    f = linear_fit([1, 2, 3, 4], [0.5] * 4)
+    assert (f["slope"], f["intercept"], f["r2"], f["residual_sd"]) == (0.0, 0.5, None, 0.0)
+    assert f["slope_ci"] == [0.0, 0.0] and f["intercept_ci"] == [0.5, 0.5]
+    lo, hi = line_band(f, [0.0, 9.0])
+    assert lo.tolist() == hi.tolist() == [0.5, 0.5]
 
 
 def _cell(logp, base, grpo, es, n=4, loss=1.0, tokens=1e6, name="c"):

@@ -42,6 +42,12 @@ def test_isotonic_fit_pools_adjacent_violators_by_hand():
     x, y = isotonic_fit(np.array([0.5, 1.0, 2.0]), np.array([10.0, 20.0, 40.0]))
     assert isotonic_predict(x, y, 1.5) == 30.0 and isotonic_predict(x, y, 9.0) == 40.0
     assert isotonic_predict(x, y, 0.0) == 10.0
+    # A chain: 5, 1 pool to 3, 3; then 2 joins them at 8/3; 6 stands until 0 pools it to 3.
+    x, y = isotonic_fit(np.arange(5), np.array([5.0, 1.0, 2.0, 6.0, 0.0]))
+    assert np.allclose(y, [8 / 3, 8 / 3, 8 / 3, 3.0, 3.0])
+    # Unsorted x with a tie: knots 1, 2, 3 at means 3 (two points), 2, 0 pool to 8/4 = 2.
+    x, y = isotonic_fit(np.array([3, 1, 2, 1]), np.array([0.0, 4.0, 2.0, 2.0]))
+    assert x.tolist() == [1, 2, 3] and np.allclose(y, [2.0, 2.0, 2.0])
 
 
 def test_think_budget_applies_the_margin_and_the_clip():
