@@ -34,13 +34,13 @@ def percentile_interval(
             resampled jointly: each resample draws one set of P problem indices with
             replacement and takes those columns of every row, so paired values (two models'
             scores, a difficulty and an accuracy) stay paired.
-        statistic: maps resampled values ``x_F_R_P`` (R resamples on the second-last axis) to
-            ``stat_..._R`` (resamples last), e.g. ``lambda x: x.mean(axis=-1)``, one mean per
-            row and resample. NaN marks a resample where the statistic is undefined; those
+        statistic: maps resampled values ``x_F_R_P`` (a batch of R resamples on the
+            second-last axis, C-contiguous) to ``stat_..._R`` (resamples last), e.g.
+            ``lambda x: x.mean(axis=-1)``, one mean per row and resample. NaN marks a resample where the statistic is undefined; those
             are left out of the percentiles.
-        rng: the caller's generator. The resamples are ``rng.integers(0, P, (R, P))`` drawn
-            in order (in batches, which draw the same numbers), as the loops this replaces
-            drew them; P = 1 draws nothing.
+        rng: the caller's generator. The resamples are ``rng.integers(0, P, (R, P))``, one
+            row per resample in order (drawn in batches, which give the same numbers); P = 1
+            draws nothing.
         num_resamples: R >= 1.
         level: two-sided coverage in (0, 1): the ``(1 - level) / 2`` and ``(1 + level) / 2``
             quantiles of the resampled statistic.
@@ -66,6 +66,7 @@ def percentile_interval(
         # Every resample of one problem is the sample itself (scipy needs two problems).
         value = np.asarray(statistic(sample[..., None, :]))[..., 0]
         return value, value.copy()
+
     def contiguous_statistic(x, axis):
         # scipy's gather leaves the problem axis strided when there are several rows; numpy
         # adds pairwise only along a contiguous axis, so without the copy a row's mean would
