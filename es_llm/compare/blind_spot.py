@@ -18,6 +18,8 @@ samples, and beside them the tokens the chains and the samples generated), each 
 set and the pairwise Jaccard of the fix sets. For ES (which itself searches by perturbing
 the model) against RL, a high recovery means solutions are latent in the weights but not
 reached by sampling; a low one that the problems are out of reach.
+
+The comparison section ``blind_spot`` (enabled by ``blind_spot.enabled``) is at the end.
 """
 
 from __future__ import annotations

@@ -8,6 +8,8 @@ or step, with ``samples/generated`` and the step's seconds, ``perf/iter_s`` for 
 Seconds are the training loop's own (generation, scoring and update), summed over the steps
 before the checkpoint, so runs on the same machine compare; the EGGROLL authors call a budget
 in completions alone a poor measure, hence both axes.
+
+The comparison section ``budget_study`` (enabled by ``budget.runs``) is at the end.
 """
 
 from __future__ import annotations

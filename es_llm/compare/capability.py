@@ -12,6 +12,9 @@ A method's values are means over its training seeds. "Newly solved" counts, per 
 problems the reference gets wrong greedily and the seed gets right; with a reference of
 several seeds, a problem counts as wrong (right) for it when every one of its seeds is wrong
 (right).
+
+The comparison section ``capability`` (enabled by ``temperatures`` or ``also_on``), which
+samples the views, is at the end.
 """
 
 from __future__ import annotations

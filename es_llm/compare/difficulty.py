@@ -15,6 +15,8 @@ per-problem accuracy ``c_i / n``):
 
 A gain on base-hard bins is capability the reference lacked; a gain on base-easy bins only is
 sharpening.
+
+The comparison section ``difficulty`` (always on) is at the end.
 """
 
 from __future__ import annotations
