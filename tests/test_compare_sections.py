@@ -112,7 +112,7 @@ def test_computes_write_disjoint_parts_that_do_not_depend_on_each_other(evals, t
     sets = _sets(evals)
     cfg = CompareConfig(models=("base=x",), bootstrap=50)
     inp = SectionInput(cfg, (), sets, tmp_path, False, lambda *_: None)
-    comp = compute_all(cfg, inp, {})
+    comp = compute_all(inp, {})
     assert list(comp) == ["settings", "problem_ids", "models", "methods", "pairs", "difficulty",
                           "training_samples", "training", "machines"]
     # A section's numbers come from its own stream: computed alone, after no other section,
@@ -218,4 +218,4 @@ def test_a_section_writing_another_sections_key_is_refused(evals, tmp_path):
     with SECTIONS.registered("thief", thief):
         with pytest.raises(ValueError, match=r"section difficulty writes comparison.json keys "
                                              r"\['difficulty'\]"):
-            compute_all(cfg, inp, {})
+            compute_all(inp, {})

@@ -28,8 +28,8 @@ from es_llm.compare.section import (SECTIONS, CheckInput, Section, SectionInput,
 from es_llm.errors import BadInput
 from es_llm.evaluate import EvalConfig, resolve_task_config
 from es_llm.io import complete_jsonl_rows, write_text_atomic
-from es_llm.report import (Figure, Heading, Paragraph, Table, interval, pct, pyplot, save_figure,
-                           signed)
+from es_llm.report import (Figure, Heading, Paragraph, Table, colors, interval, pct, pyplot,
+                           save_figure, signed)
 
 STEP_SECONDS = ("perf/iter_s", "perf/step_s")
 
@@ -265,24 +265,23 @@ def figure(result: dict, path: Path) -> str:
     panels = [("greedy", f"greedy accuracy ({Path(result['data']).stem})")] + [
         (str(k), f"pass@{k}, T = {result['temperature']:g}") for k in result["k"]]
     fig, axes = plt.subplots(len(panels), 2, figsize=(10, 3.4 * len(panels)), squeeze=False)
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    color = colors(list(points))
     for (stat, label), pair in zip(panels, axes):
         base_y = base["greedy"] if stat == "greedy" else base["passk"][stat]
         for ax, axis in zip(pair, ("samples", "seconds")):
             ax.axhline(base_y, color="black", lw=0.8, ls=":", label="reference")
-            for i, (method, seeds) in enumerate(points.items()):
-                color = colors[i % len(colors)]
+            for method, seeds in points.items():
                 # Every curve starts at the reference model (no training yet).
                 for seed in seeds:
                     ax.plot([0.0] + [p[axis] for p in seed], [base_y] + [_value(p, stat)
-                            for p in seed], color=color, lw=0.8, alpha=0.35)
+                            for p in seed], color=color[method], lw=0.8, alpha=0.35)
                 # The summary rows are already seed means; keep those every seed has.
                 mean = [r for r in result["rows"]
                         if r["method"] == method and r["seeds"] == len(seeds)]
                 xs = [0.0] + [r[axis] for r in mean]
                 ys = [base_y] + [r["greedy"] if stat == "greedy" else r["passk"][stat]
                                  for r in mean]
-                ax.plot(xs, ys, color=color, lw=2, marker="o",
+                ax.plot(xs, ys, color=color[method], lw=2, marker="o",
                         label=f"{method} ({len(seeds)} seed{'s' if len(seeds) > 1 else ''})")
             ax.set_xlabel("generated training samples" if axis == "samples"
                           else "training seconds (same machine)")

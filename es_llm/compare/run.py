@@ -116,10 +116,11 @@ def _sample_sets(cfg: CompareConfig, sources: tuple[Source, ...], loaded: dict, 
     return tuple(align(sets))
 
 
-def compute_all(cfg: CompareConfig, inp: SectionInput, checked: dict) -> dict:
-    """comparison.json's entries from every enabled section's compute, in order."""
+def compute_all(inp: SectionInput, checked: dict) -> dict:
+    """comparison.json's entries from every enabled section's compute, in order; ``checked``:
+    what each section's check returned, by section name."""
     comp: dict = {}
-    for name, section in sections(cfg):
+    for name, section in sections(inp.cfg):
         if section.compute:
             part = section.compute(replace(inp, checked=checked.get(name))).to_json()
             taken = sorted(set(part) & set(comp))
@@ -155,7 +156,7 @@ def compare(cfg: CompareConfig, out: str | Path, progress: bool = True, echo=pri
     if on_folder is not None:
         on_folder(out)
     sets = _sample_sets(cfg, sources, loaded, out, progress)
-    comp = compute_all(cfg, SectionInput(cfg, sources, sets, out, progress, echo), checked)
+    comp = compute_all(SectionInput(cfg, sources, sets, out, progress, echo), checked)
     comp["config"] = to_dict(cfg)
     figures = draw_all(cfg, comp, out / "figures")
     comp["figures"] = figures

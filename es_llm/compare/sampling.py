@@ -1,7 +1,8 @@
 """Reading the compared models: every sampling run of a comparison (the main one, the
 capability views, the budget study's reads) goes through ``sample_model``, and the blind spot
-runs its chains on ``blind_spot_backend``. These are the only places ``es-llm compare``
-chooses or builds a generation backend."""
+runs its chains on ``blind_spot_backend``. These two are where ``es-llm compare`` itself
+chooses or builds a generation backend (its test-time section runs ``es-llm testtime``,
+which builds its own)."""
 
 from __future__ import annotations
 
