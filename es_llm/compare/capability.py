@@ -214,9 +214,10 @@ def figure(cap: dict, path: Path) -> str:
     return save_figure(fig, path)
 
 
-def blocks(cap: dict, figure_file: str | None = None) -> list:
+def blocks(comp: dict, figures: dict[str, str]) -> list:
     """Greedy beside sampled, per problem set: is a gain new problems solved, or sampling
     mass moved onto the answers the model already gave greedily?"""
+    cap = comp["capability"]
     out: list = [Heading(2, "Capability or sharpening"), Paragraph(
         "Every model read greedily (one sample at T = 0) and sampled at each temperature "
         "(pass@1 and pass@n of the same n samples). The sharpening gap is greedy accuracy "
@@ -249,11 +250,9 @@ def blocks(cap: dict, figure_file: str | None = None) -> list:
                              f"{', '.join(map(str, ns))} samples per problem in the sampled "
                              f"views."))
         out.append(Table(header, rows))
-    if figure_file:
-        out.append(Figure(figure_file, "Greedy accuracy beside sampled pass@1 at each "
-                          "temperature, per problem set (seed means): a gain the greedy bar "
-                          "shares is new problems solved, one only the sampled bars show is "
-                          "sharpening."))
+    out.append(Figure(figures["capability"], "Greedy accuracy beside sampled pass@1 at each "
+                      "temperature, per problem set (seed means): a gain the greedy bar shares "
+                      "is new problems solved, one only the sampled bars show is sharpening."))
     return out
 
 
@@ -261,4 +260,4 @@ SECTIONS.register("capability")(Section(
     place=20, enabled=lambda cfg: bool(views(cfg)), check=check_views, compute=read_views,
     figures=lambda comp, folder: {"capability": figure(comp["capability"],
                                                        folder / "capability.png")},
-    blocks=lambda comp, figures: blocks(comp["capability"], figures.get("capability"))))
+    blocks=blocks))
