@@ -18,8 +18,9 @@ record plus ``completion``, a task data file and an SFT file at once), ``resampl
 (the resampling arm's first correct sample per prompt), ``base_rollouts.jsonl`` (as many
 correct search samples of other prompts as were recovered, one per prompt: the SFT control
 "the same number of base-model rollouts"), ``attempts.jsonl`` (every revision), and
-``metrics.json`` and ``report.md``: recovery rates with 95% bootstrap intervals over the
-zero-hit prompts, their paired difference, token passes and seconds of each arm.
+``metrics.json``, ``report.md`` and ``report.html``: recovery rates with 95% bootstrap
+intervals over the zero-hit prompts, their paired difference, token passes and seconds of
+each arm.
 
 A prompt whose failed samples have no step at all (an empty completion) cannot be cut and
 counts as not recovered by LatentRevise.
@@ -46,6 +47,8 @@ from es_llm.errors import BadInput
 from es_llm.evaluate import SamplingConfig, check_model_path, resolve_training_data
 from es_llm.io import write_json_atomic, write_jsonl_atomic, write_text_atomic
 from es_llm.metrics.passk import bootstrap_ci
+from es_llm.report import (Heading, Paragraph, Table, fixed, interval, pct, signed,
+                           write_report)
 from es_llm.run_folder import check_out_path
 from es_llm.tasks import TaskConfig, build_task
 from es_llm.testbed.train import record
@@ -264,8 +267,7 @@ def latent_revise(cfg: LatentReviseConfig, out: str | Path, progress: bool = Tru
     write_jsonl_atomic(out / "resampled.jsonl", [row for row in resampled.values() if row])
     write_jsonl_atomic(out / "base_rollouts.jsonl", base)
     write_json_atomic(out / "metrics.json", metrics)
-    text = _report(metrics)
-    write_text_atomic(out / "report.md", text)
+    text = write_report(out, _report(metrics))
     if on_folder is not None:
         on_folder(out)
     echo(text.rstrip())
@@ -420,40 +422,27 @@ def _checked_steps(rows: list[dict]) -> float | None:
                           for r in rows]))
 
 
-def _fmt(rate: dict) -> str:
-    if rate["value"] is None:
-        return "-"
-    lo, hi = rate["ci95"]
-    return f"{100 * rate['value']:.1f}% [{100 * lo:.1f}, {100 * hi:.1f}]"
-
-
-def _report(m: dict) -> str:
+def _report(m: dict) -> list:
+    """report.md's blocks: each arm's recovery with its interval, the paired difference, what
+    the revisions changed and how many written traces check step by step."""
     lr, rs, d = m["latent_revise"], m["resample"], m["difference"]
-    diff = "-" if d["value"] is None else (f"{100 * d['value']:+.1f} points "
-                                           f"[{100 * d['ci95'][0]:+.1f}, {100 * d['ci95'][1]:+.1f}]")
-    return "\n".join([
-        "# LatentRevise: recovery of zero-hit prompts", "",
-        f"{m['zero_hit']} of {m['problems']} prompts are zero-hit in {m['search_samples']} "
-        f"samples ({100 * m['zero_hit_share']:.1f}%).", "",
-        "| arm | recovered | rate [95% CI] | token passes per prompt | seconds |",
-        "|---|---|---|---|---|",
-        f"| LatentRevise | {lr['recovered']} | {_fmt(lr['recovery_rate'])} | "
-        f"{lr['token_passes_mean']:.0f} | {lr['seconds']:.1f} |",
-        f"| plain resampling | {rs['recovered']} | {_fmt(rs['recovery_rate'])} | "
-        f"{rs['token_passes_mean']:.0f} | {rs['seconds']:.1f} |", "",
-        f"LatentRevise minus resampling: {diff} (paired over zero-hit prompts).", "",
-        f"Revisions: {lr['revisions']}; the gold continuation's log-likelihood rose by "
-        f"{_num(lr['gold_logp_gain_mean'])} nats and the failed one's fell by "
-        f"{_num(lr['fail_logp_drop_mean'])} nats on average; "
-        f"{100 * lr['changed_token_share']:.1f}% of prefix tokens changed.", "",
-        f"Written trajectories whose every step checks (the answer alone decides the "
-        f"verdict): LatentRevise {_pct(lr['checked_steps_share'])}, resampling "
-        f"{_pct(rs['checked_steps_share'])}.", ""])
-
-
-def _pct(x) -> str:
-    return "-" if x is None else f"{100 * x:.0f}%"
-
-
-def _num(x) -> str:
-    return "-" if x is None else f"{x:.2f}"
+    rate = lambda r: interval(r["value"], r["ci95"], pct)  # noqa: E731
+    diff = "-" if d["value"] is None else (
+        interval(d["value"], d["ci95"], lambda x: signed(x, 1, 100)) + " pts")
+    return [
+        Heading(1, "LatentRevise: recovery of zero-hit prompts"),
+        Paragraph(f"{m['zero_hit']} of {m['problems']} prompts are zero-hit in "
+                  f"{m['search_samples']} samples ({pct(m['zero_hit_share'])})."),
+        Table(["arm", "recovered", "rate [95% CI]", "token passes per prompt", "seconds"],
+              [["LatentRevise", str(lr["recovered"]), rate(lr["recovery_rate"]),
+                f"{lr['token_passes_mean']:.0f}", f"{lr['seconds']:.1f}"],
+               ["plain resampling", str(rs["recovered"]), rate(rs["recovery_rate"]),
+                f"{rs['token_passes_mean']:.0f}", f"{rs['seconds']:.1f}"]]),
+        Paragraph(f"LatentRevise minus resampling: {diff} (paired over zero-hit prompts)."),
+        Paragraph(f"Revisions: {lr['revisions']}; the gold continuation's log-likelihood rose "
+                  f"by {fixed(lr['gold_logp_gain_mean'], 2)} nats and the failed one's fell by "
+                  f"{fixed(lr['fail_logp_drop_mean'], 2)} nats on average; "
+                  f"{pct(lr['changed_token_share'])} of prefix tokens changed."),
+        Paragraph(f"Written trajectories whose every step checks (the answer alone decides the "
+                  f"verdict): LatentRevise {pct(lr['checked_steps_share'])}, resampling "
+                  f"{pct(rs['checked_steps_share'])}.")]

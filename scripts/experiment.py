@@ -31,7 +31,7 @@ from pathlib import Path
 
 from es_llm.backends import BACKEND_NAMES
 from es_llm.cli import ES_RESUME_KEYS
-from es_llm.compare.budget import BudgetConfig
+from es_llm.compare.config import BudgetConfig
 from es_llm.config import (MACHINE_KEY, check_choices, choice, dump_yaml, load_config,
                            read_yaml, to_dict)
 from es_llm.errors import BadInput

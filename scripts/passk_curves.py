@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from es_llm.compare.analysis import compare_sets
-from es_llm.compare.figures import passk_curves
+from es_llm.compare.core import passk_curves
 from es_llm.compare.samples import align, load_samples
 from es_llm.errors import BadInput
 

@@ -68,13 +68,11 @@ def test_a_set_without_a_greedy_view_has_no_gap(tmp_path):
 
 
 def test_the_figure_draws_a_set_without_a_greedy_view(tmp_path):
-    from es_llm.compare.figures import capability as figure
-    from es_llm.compare.report import capability_blocks
+    from es_llm.compare.capability import blocks, figure
 
     table = {"base": [[1, 0], [0, 0]], "es": [[1, 1], [0, 1]]}
     views = [{"data": "never-seen", "temperature": 0.6, "sets": sets(tmp_path, "a", table, 0.6)}]
     cap = capability(views, "base", np.random.default_rng(0), 100)
     name = figure(cap, tmp_path / "capability.png")
     assert name == "capability.png" and (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
-    assert capability_blocks(cap, name)[-1][:2] == ("img", name)
-    assert all(block[0] != "img" for block in capability_blocks(cap))
+    assert blocks({"capability": cap}, {"capability": name})[-1].file == name

@@ -54,7 +54,7 @@ def test_experiment_trains_every_method_at_a_matched_budget_and_compares_them(ex
     for method in methods:
         assert comp["methods"][method]["models"] == [f"{method}@{s}" for s in (0, 1, 2)]
         # The same number of generated samples per run, read from each run's own metrics.
-        assert comp["budget"][method] == [256.0, 256.0, 256.0]
+        assert comp["training_samples"][method] == [256.0, 256.0, 256.0]
     assert set(comp["training"]) == {f"{m}@{s}" for m in methods for s in (0, 1, 2)}
     assert "mpirun -n 2" in (out / "commands.txt").read_text()
     # Greedy and sampled views on the held-out problems and on a never-seen set.

@@ -1,2 +1,3 @@
 """Head-to-head comparison of models from their samples: the numbers (``analysis``), the
-figures (``figures``), the report pages (``report``) and the ``es-llm compare`` job (``run``)."""
+registered sections of the report (``section``; one module each or a few together) and the
+``es-llm compare`` job (``run``)."""

@@ -18,6 +18,8 @@ samples, and beside them the tokens the chains and the samples generated), each 
 set and the pairwise Jaccard of the fix sets. For ES (which itself searches by perturbing
 the model) against RL, a high recovery means solutions are latent in the weights but not
 reached by sampling; a low one that the problems are out of reach.
+
+The comparison section ``blind_spot`` (enabled by ``blind_spot.enabled``) is at the end.
 """
 
 from __future__ import annotations
@@ -26,54 +28,27 @@ import random
 import re
 from dataclasses import dataclass
 from itertools import combinations
+from pathlib import Path
 
+import numpy as np
 import torch
 
 from es_llm.backends.base import SamplingParams
 from es_llm.backends.grafting import align_donor, check_layer, grafted, layer_activations
+from es_llm.compare.config import BlindSpotConfig
+from es_llm.compare.sampling import blind_spot_backend, compared_task
+from es_llm.compare.section import SECTIONS, CheckInput, Section, SectionInput, fields_dict
+from es_llm.config import to_dict
 from es_llm.errors import BadInput
 from es_llm.metrics.coverage import overlap
-from populations.numbers import is_finite_number
+from es_llm.report import (Figure, Heading, Paragraph, Table, number, pyplot, save_figure,
+                           share)
 
 CHAINS = ("greedy", "reorder", "reorder", "mean", "mix", "mix")
 # Never-solved problems whose chains run in one batched generate call.
 _PROBLEMS_PER_CALL = 32
 KINDS = ("greedy", "reorder", "mean", "mix")
 _NUMBERS = re.compile(r"^(.*?nums )((?:-?\d+ )+)(make .*)$", re.S)
-
-
-@dataclass(frozen=True)
-class BlindSpotConfig:
-    # The pass@k blind spot (es_llm/compare/blind_spot.py): for each model folder, the
-    # problems none of its first k samples solves, read again by greedy decoding and five
-    # grafted greedy chains.
-    enabled: bool = False
-    # Sampled tries that define a never-solved problem (the first k of each problem's).
-    k: int = 6
-    # Decoder layer whose output is grafted; negative counts from the end (-1 = the last).
-    layer: int = 0
-    # Coefficients of the three graft kinds (0 = no change, 1 = the donor replaces).
-    reorder_coef: float = 1.0
-    mean_coef: float = 0.5
-    mix_coef: float = 0.1
-    # Prompts of the compared set whose mean activation is the mean graft's donor.
-    reference_prompts: int = 32
-    # At most this many never-solved problems per model are read (null = all of them).
-    max_problems: int | None = None
-
-    def __post_init__(self):
-        if self.k < 1:
-            raise BadInput(f"blind_spot.k must be at least 1, got {self.k}.")
-        for name in ("reorder_coef", "mean_coef", "mix_coef"):
-            value = getattr(self, name)
-            if not (is_finite_number(value) and 0 <= value <= 1):
-                raise BadInput(f"blind_spot.{name} must lie in [0, 1], got {value!r}.")
-        if self.reference_prompts < 1:
-            raise BadInput(f"blind_spot.reference_prompts must be at least 1, got "
-                           f"{self.reference_prompts}.")
-        if self.max_problems is not None and self.max_problems < 1:
-            raise BadInput(f"blind_spot.max_problems must be at least 1 or null, got "
-                           f"{self.max_problems}.")
 
 
 def reordered(prompt: str, rng: random.Random) -> str:
@@ -167,3 +142,125 @@ def diagnose(backend, task, problems: dict, sample_set, cfg: BlindSpotConfig, ma
                                      if fixed[a] | fixed[b] else None)
                         for a, b in combinations(KINDS, 2)},
             "chain_tokens": chain_tokens, "sample_tokens": sample_tokens}
+
+
+# --- the section -------------------------------------------------------------------------------
+
+def model_folders(inp: CheckInput) -> dict[str, Path]:
+    """The model folder behind each compared model, checked for the blind spot: a causal
+    decoder the HF backend serves, the layer in range, at least k samples per problem."""
+    from transformers import AutoConfig
+
+    from es_llm.backends.diffusion import is_diffusion_model
+
+    cfg, loaded = inp.cfg, inp.loaded
+    b = cfg.blind_spot
+    if cfg.task.name != "countdown":
+        raise BadInput(f"--blind-spot's reorder graft lists a Countdown problem's numbers in "
+                       f"another order, so it needs task countdown (got {cfg.task.name!r}).")
+    out = {}
+    for name, path, _ in inp.sources:
+        n = loaded[name].n if name in loaded else cfg.sampling.n
+        if n < b.k:
+            raise BadInput(f"--blind-spot needs at least blind_spot.k={b.k} samples per "
+                           f"problem to find the never-solved ones, but {name} has n={n}; "
+                           f"sample with --n {b.k} or more, or lower blind_spot.k.")
+        folder = path if path.is_dir() and (path / "config.json").is_file() else (
+            Path(loaded[name].model) if name in loaded and loaded[name].model else None)
+        if folder is None or not (folder / "config.json").is_file():
+            raise BadInput(f"--blind-spot runs {name}'s model, but {path} records no model "
+                           f"folder; give the model folder (or an eval folder whose "
+                           f"config.yaml names one).")
+        if is_diffusion_model(str(folder)):
+            raise BadInput(f"--blind-spot grafts activations into a causal decoder's layers; "
+                           f"{name} ({folder}) is a masked-diffusion model.")
+        layers = getattr(AutoConfig.from_pretrained(folder), "num_hidden_layers", None)
+        if not isinstance(layers, int) or not -layers <= b.layer < layers:
+            raise BadInput(f"blind_spot.layer={b.layer} is out of range for {name}: it has "
+                           f"{layers} decoder layers (0..{(layers or 1) - 1}, or negative "
+                           f"from the end).")
+        out[name] = folder
+    return out
+
+
+@dataclass(frozen=True)
+class BlindSpot:
+    """comparison.json["blind_spot"]: the settings and ``diagnose``'s figures per model."""
+
+    config: dict
+    models: dict[str, dict]
+
+    def to_json(self) -> dict:
+        return {"blind_spot": fields_dict(self)}
+
+
+def compute(inp: SectionInput) -> BlindSpot:
+    """Every model's ``diagnose``; ``inp.checked``: the model folders (``model_folders``)."""
+    cfg, folders = inp.cfg, inp.checked
+    task = compared_task(cfg, next(iter(folders.values())))
+    try:
+        problems = {p.id: p for p in task.problems()}
+        models = {}
+        for s in inp.sets:
+            inp.echo(f"[compare] blind spot: {s.name}")
+            models[s.name] = diagnose(blind_spot_backend(folders[s.name]), task, problems, s,
+                                      cfg.blind_spot, cfg.sampling.max_tokens, cfg.metrics_seed)
+    finally:
+        task.close()
+    return BlindSpot(to_dict(cfg.blind_spot), models)
+
+
+def figure(spot: dict, path: Path) -> str:
+    """Per model: greedy alone and recovered by any chain, as % of its never-sampled
+    problems."""
+    plt = pyplot()
+    names = list(spot["models"])
+    x = np.arange(len(names))
+    fig, ax = plt.subplots(figsize=(max(5.0, 0.9 * len(names) + 2), 4))
+    for offset, key, label in ((-0.2, "greedy", "greedy alone"), (0.2, "recovered", "any chain")):
+        ys = [100 * m[key] / m["diagnosed"] if m["diagnosed"] else np.nan
+              for m in spot["models"].values()]
+        ax.bar(x + offset, ys, 0.4, label=label)
+    ax.set_xticks(x, [f"{n}\n({m['diagnosed']})" for n, m in spot["models"].items()])
+    ax.set_ylabel("% of never-sampled problems solved")
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=8)
+    return save_figure(fig, path)
+
+
+def blocks(comp: dict, figures: dict[str, str]) -> list:
+    """The pass@k blind spot: never-sampled problems that grafted greedy chains solve."""
+    spot = comp["blind_spot"]
+    c = spot["config"]
+    out: list = [Heading(2, "The pass@k blind spot"), Paragraph(
+        f"For each model, the problems none of its first {c['k']} samples solves, read again "
+        f"by six deterministic chains: greedy, and greedy with activations grafted into the "
+        f"output of decoder layer {c['layer']} over the prompt (two with the problem's numbers "
+        f"in another order, coefficient {c['reorder_coef']:g}; one with the mean activation "
+        f"of {c['reference_prompts']} prompts, {c['mean_coef']:g}; two with another problem's "
+        f"prompt, {c['mix_coef']:g}). Recovered: solved by any chain. Tokens: generated by the "
+        f"chains against the {c['k']} samples of the same problems. A high recovery says the "
+        f"solutions were within the weights' reach but not sampled.")]
+    rows = []
+    for name, m in spot["models"].items():
+        d = m["diagnosed"]
+        rows.append([name, str(m["never_solved"]), str(d), share(m["greedy"], d),
+                     share(m["recovered"], d)]
+                    + [share(m["by_kind"][k], d) for k in ("reorder", "mean", "mix")]
+                    + [f"{m['chain_tokens']:,} / {m['sample_tokens']:,}"])
+    out.append(Table(["model", "never solved", "read", "greedy alone", "recovered", "reorder",
+                      "mean", "mix", "tokens: chains / samples"], rows))
+    pairs = list(next(iter(spot["models"].values()))["jaccard"])
+    out.append(Table(["model"] + [f"Jaccard {p.replace('|', ' / ')}" for p in pairs],
+                     [[name] + [number(m["jaccard"][p]) for p in pairs]
+                      for name, m in spot["models"].items()]))
+    out.append(Figure(figures["blind_spot"], "Share of each model's never-sampled problems "
+                      "solved by greedy decoding alone and by any of the six chains."))
+    return out
+
+
+SECTIONS.register("blind_spot")(Section(
+    place=40, enabled=lambda cfg: cfg.blind_spot.enabled, check=model_folders, compute=compute,
+    blocks=blocks,
+    figures=lambda comp, folder: {"blind_spot": figure(comp["blind_spot"],
+                                                       folder / "blind_spot.png")}))

@@ -8,52 +8,30 @@ or step, with ``samples/generated`` and the step's seconds, ``perf/iter_s`` for 
 Seconds are the training loop's own (generation, scoring and update), summed over the steps
 before the checkpoint, so runs on the same machine compare; the EGGROLL authors call a budget
 in completions alone a poor measure, hence both axes.
+
+The comparison section ``budget_study`` (enabled by ``budget.runs``) is at the end.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
 from es_llm.compare.analysis import paired, passk_table, shared_resamples
+from es_llm.compare.config import BudgetConfig, CompareConfig
+from es_llm.compare.sampling import sample_model
+from es_llm.compare.section import (SECTIONS, CheckInput, Section, SectionInput, Source,
+                                    fields_dict)
 from es_llm.errors import BadInput
+from es_llm.evaluate import EvalConfig, resolve_task_config
 from es_llm.io import complete_jsonl_rows, write_text_atomic
+from es_llm.report import (Figure, Heading, Paragraph, Table, colors, interval, pct, pyplot,
+                           save_figure, signed)
 
 STEP_SECONDS = ("perf/iter_s", "perf/step_s")
-
-
-@dataclass(frozen=True)
-class BudgetConfig:
-    # Training runs read checkpoint by checkpoint, as METHOD@SEED=RUN_DIR (or METHOD=RUN_DIR):
-    # every checkpoints/step_K and final of an `es-llm es` or `es-llm grpo` run folder.
-    runs: tuple[str, ...] = ()
-    # Problems every checkpoint and the reference model are read on; null = the first
-    # also_on file, else the reference model's held-out file.
-    data: str | None = None
-    # Sampled reads per problem (0 = greedy only), at this temperature, on every stride-th
-    # problem of the data; pass@k reported for each k (at most n).
-    n: int = 4
-    temperature: float = 0.6
-    stride: int = 4
-    k: tuple[int, ...] = (1, 4)
-    # Generation backend of these reads (null = the comparison's): dozens of short reads are
-    # quicker on hf where vLLM's start-up per read dominates.
-    backend: str | None = None
-
-    def __post_init__(self):
-        if self.backend not in (None, "auto", "hf", "vllm"):
-            raise BadInput(f"budget.backend must be null (the comparison's), auto, hf or vllm; "
-                           f"got {self.backend!r}.")
-        if self.n < 0 or self.stride < 1 or not self.temperature > 0:
-            raise BadInput(f"budget.n must be >= 0, budget.stride >= 1 and budget.temperature "
-                           f"> 0; got n={self.n}, stride={self.stride}, "
-                           f"temperature={self.temperature}.")
-        if self.n and (not self.k or any(k < 1 or k > self.n for k in self.k)):
-            raise BadInput(f"budget.k {list(self.k)} must be between 1 and budget.n={self.n} "
-                           f"samples per problem.")
 
 
 def parse_runs(entries: tuple[str, ...]) -> dict[str, list[tuple[str, list[dict]]]]:
@@ -154,16 +132,15 @@ def table(rows: list[dict], base: dict, reference: str) -> tuple[list[str], list
     """The budget table (header, rows): the reference model, then one line per method and
     checkpoint, each seed's paired greedy gain with its 95% interval."""
     ks = list(base["passk"])
+    gain = lambda x: signed(x, 1, 100)  # noqa: E731 (points, signed)
     header = (["method", "seeds", "samples", "seconds", "greedy",
                f"greedy - {reference} per seed [95% CI]"] + [f"pass@{k}" for k in ks])
-    out = [[reference, "-", "0", "0", f"{100 * base['greedy']:.1f}%", "-"]
-           + [f"{100 * base['passk'][k]:.1f}%" for k in ks]]
+    out = [[reference, "-", "0", "0", pct(base["greedy"]), "-"]
+           + [pct(base["passk"][k]) for k in ks]]
     for r in rows:
-        gains = "; ".join(f"{100 * g:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]"
-                          for g, (lo, hi) in zip(r["greedy_gain"], r["greedy_ci95"]))
+        gains = "; ".join(interval(g, ci, gain) for g, ci in zip(r["greedy_gain"], r["greedy_ci95"]))
         out.append([r["method"], str(r["seeds"]), f"{r['samples']:,.0f}", f"{r['seconds']:,.0f}",
-                    f"{100 * r['greedy']:.1f}%", gains]
-                   + [f"{100 * r['passk'][k]:.1f}%" for k in ks])
+                    pct(r["greedy"]), gains] + [pct(r["passk"][k]) for k in ks])
     return header, out
 
 
@@ -207,3 +184,136 @@ def study(cfg: BudgetConfig, reference: Path, data: Path, folder: Path, read: Re
             "temperature": cfg.temperature, "k": ks, "base": base,
             "runs": {label: method for method, seeds in runs.items() for label, _ in seeds},
             "rows": summarise(points), "points": points}
+
+
+# --- the section -------------------------------------------------------------------------------
+
+def budget_data(cfg: CompareConfig, sources: tuple[Source, ...]) -> tuple[Path, Path]:
+    """(reference model folder, problem file) of the budget study, or BadInput."""
+    ref = [src.path for src in sources if src.name == cfg.reference]
+    if not ref or not (ref[0] / "config.json").is_file():
+        raise BadInput(f"--budget-runs reads the checkpoints against the reference model, so "
+                       f"--reference must name one model folder among --models (got "
+                       f"{cfg.reference!r}).")
+    data = cfg.budget.data or (cfg.also_on[0] if cfg.also_on else None)
+    if data is None:
+        ev = resolve_task_config(EvalConfig(model=str(ref[0]), task=cfg.task))
+        data = ev.task.data
+    if data is None or not Path(data).is_file():
+        raise BadInput(f"the budget study has no problem file to read the checkpoints on "
+                       f"({data!r}); set budget.data=FILE, give --also-on FILE, or use a "
+                       f"reference model with a held-out set (a testbed model).")
+    return ref[0], Path(data)
+
+
+def check(inp: CheckInput) -> tuple[Path, Path]:
+    """The reference model and the problem file (``budget_data``), every run checked."""
+    found = budget_data(inp.cfg, inp.sources)
+    parse_runs(inp.cfg.budget.runs)
+    return found
+
+
+@dataclass(frozen=True)
+class BudgetStudy:
+    """comparison.json["budget_study"]: ``study``'s result and the reference's name."""
+
+    reference: str
+    data: str
+    num_problems: int
+    num_sampled: int
+    n: int
+    temperature: float
+    k: list[int]
+    base: dict
+    runs: dict[str, str]
+    rows: list[dict]
+    points: dict
+
+    def to_json(self) -> dict:
+        return {"budget_study": fields_dict(self)}
+
+
+def compute(inp: SectionInput) -> BudgetStudy:
+    """The study's reads under OUT/samples/budget/, each sampled like every other model of the
+    comparison (same seed, max_tokens, top_p and backend); ``inp.checked``: ``check``'s."""
+    cfg, out = inp.cfg, inp.out
+    reference, data = inp.checked
+    inp.echo(f"[compare] accuracy along {len(cfg.budget.runs)} training runs")
+
+    def read(model: str, problems: Path, n: int, temperature: float, folder: Path) -> Path:
+        view = replace(cfg, task=replace(cfg.task, data=str(problems)),
+                       sampling=replace(cfg.sampling, n=n, temperature=temperature),
+                       backend=cfg.budget.backend or cfg.backend)
+        return sample_model(str(folder.relative_to(out)), Path(model), view, folder,
+                            inp.progress) / "samples.jsonl"
+
+    result = study(cfg.budget, reference, data, out / "samples" / "budget", read, inp.rng(),
+                   cfg.bootstrap)
+    return BudgetStudy(reference=cfg.reference, **result)
+
+
+def _value(p: dict, stat: str) -> float:
+    return p["stats"]["greedy"]["a"] if stat == "greedy" else p["stats"]["passk"][stat]["a"]
+
+
+def figure(result: dict, path: Path) -> str:
+    """Greedy accuracy and sampled pass@k of the budget study (``study``) against generated
+    samples (left) and training seconds (right): each seed thin, the seed mean bold where
+    every seed of the method has that checkpoint (so a run continued alone does not bend the
+    mean)."""
+    plt = pyplot()
+    base, points = result["base"], result["points"]
+    panels = [("greedy", f"greedy accuracy ({Path(result['data']).stem})")] + [
+        (str(k), f"pass@{k}, T = {result['temperature']:g}") for k in result["k"]]
+    fig, axes = plt.subplots(len(panels), 2, figsize=(10, 3.4 * len(panels)), squeeze=False)
+    color = colors(list(points))
+    for (stat, label), pair in zip(panels, axes):
+        base_y = base["greedy"] if stat == "greedy" else base["passk"][stat]
+        for ax, axis in zip(pair, ("samples", "seconds")):
+            ax.axhline(base_y, color="black", lw=0.8, ls=":", label="reference")
+            for method, seeds in points.items():
+                # Every curve starts at the reference model (no training yet).
+                for seed in seeds:
+                    ax.plot([0.0] + [p[axis] for p in seed], [base_y] + [_value(p, stat)
+                            for p in seed], color=color[method], lw=0.8, alpha=0.35)
+                # The summary rows are already seed means; keep those every seed has.
+                mean = [r for r in result["rows"]
+                        if r["method"] == method and r["seeds"] == len(seeds)]
+                xs = [0.0] + [r[axis] for r in mean]
+                ys = [base_y] + [r["greedy"] if stat == "greedy" else r["passk"][stat]
+                                 for r in mean]
+                ax.plot(xs, ys, color=color[method], lw=2, marker="o",
+                        label=f"{method} ({len(seeds)} seed{'s' if len(seeds) > 1 else ''})")
+            ax.set_xlabel("generated training samples" if axis == "samples"
+                          else "training seconds (same machine)")
+            ax.set_ylabel(label)
+            ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    return save_figure(fig, path)
+
+
+def blocks(comp: dict, figures: dict[str, str]) -> list:
+    """Accuracy against training budget: every checkpoint along the runs, by generated samples
+    and by the training loop's own seconds."""
+    result = comp["budget_study"]
+    reference = result["reference"]
+    sampled = (f"; sampled {result['n']} times per problem at T = {result['temperature']:g} on "
+               f"{result['num_sampled']:,} of them (every stride-th)" if result["n"] else "")
+    return [Heading(2, "Accuracy against training budget"), Paragraph(
+        f"Every checkpoint saved along {len(result['runs'])} training runs and the reference "
+        f"model, read greedily on the {result['num_problems']:,} problems of "
+        f"{Path(result['data']).name}{sampled}. Samples are the generated training samples and "
+        f"seconds the training loop's own (generation, scoring and update), summed to each "
+        f"checkpoint and averaged over the seeds that have it, so runs on the same machine "
+        f"compare; a budget in completions alone hides what each sample costs."),
+        Table(*table(result["rows"], result["base"], reference)),
+        Figure(figures["budget_study"], "Accuracy against generated training samples (left) "
+               "and training seconds (right): each training seed thin, the seed mean bold where "
+               f"every seed of the method has that checkpoint; the dotted line is {reference}.")]
+
+
+SECTIONS.register("budget_study")(Section(
+    place=70, enabled=lambda cfg: bool(cfg.budget.runs), check=check, compute=compute,
+    blocks=blocks,
+    figures=lambda comp, folder: {"budget_study": figure(comp["budget_study"],
+                                                         folder / "budget.png")}))

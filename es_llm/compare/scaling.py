@@ -36,9 +36,11 @@ from pathlib import Path
 
 import numpy as np
 
-from es_llm.io import write_json_atomic, write_text_atomic
+from es_llm.io import write_json_atomic
 from es_llm.metrics.fits import curve_slope, line_band, linear_fit
 from es_llm.metrics.passk import bootstrap_ci
+from es_llm.report import (Figure, Heading, Paragraph, Table, bracket, fixed, pct, pyplot,
+                           save_figure, signed, signed_points, write_report)
 
 METHODS = ("grpo", "es")
 # The base evaluated again on another sampling seed: the draw that picks "never solved".
@@ -186,26 +188,17 @@ def analyze(cells: list[dict], rng: np.random.Generator, resamples: int = 1000) 
 
 # --- report ------------------------------------------------------------------------------------
 
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{100 * x:.1f}%"
-
-
-def _ci(lo_hi, scale: float = 1.0, digits: int = 3) -> str:
-    if lo_hi is None:
-        return "-"
-    return f"[{scale * lo_hi[0]:+.{digits}f}, {scale * lo_hi[1]:+.{digits}f}]"
-
-
-def _fit_cell(fit: dict | None, scale: float = 1.0) -> list[str]:
+def _fit_cell(fit: dict | None) -> list[str]:
+    """A fitted line's slope, its 95% interval, R^2 and whether the interval excludes 0."""
     if fit is None:
         return ["-", "-", "-", "-"]
     verdict = ("excludes 0" if fit["slope_ci"][0] > 0 or fit["slope_ci"][1] < 0
                else "includes 0")
-    r2 = "-" if fit["r2"] is None else f"{fit['r2']:.2f}"
-    return [f"{scale * fit['slope']:+.3f}", _ci(fit["slope_ci"], scale), r2, verdict]
+    return [signed(fit["slope"], 3), bracket(fit["slope_ci"], lambda x: signed(x, 3)),
+            fixed(fit["r2"], 2), verdict]
 
 
-def _compute(result: dict) -> list[tuple]:
+def _compute(result: dict) -> list:
     """The study's stage seconds (summed over every invocation that ran a stage) and this
     invocation's wall time, when the study recorded them."""
     secs = dict(result.get("stage_seconds") or {})
@@ -215,91 +208,83 @@ def _compute(result: dict) -> list[tuple]:
     parts = ", ".join(f"{kind} {s:,.0f} s" for kind, s in secs.items())
     wall = (f"; this invocation's wall time {result['wall_s']:,.0f} s"
             if "wall_s" in result else "")
-    return [("p", f"Compute: {total:,.0f} s of stages, summed over every invocation that "
-                  f"ran one ({parts}){wall}.")]
+    return [Paragraph(f"Compute: {total:,.0f} s of stages, summed over every invocation that "
+                      f"ran one ({parts}){wall}.")]
 
 
-def blocks(result: dict, figures: dict[str, str], title: str) -> list[tuple]:
+def blocks(result: dict, figures: dict[str, str], title: str) -> list:
     rows = result["builds"]
-    out = [("h", 1, title),
-           ("p", f"{len(rows)} builds. Accuracy is held-out pass@1 (seed means after "
-                 f"post-training); the reward slope is training reward per 1,000 generated "
-                 f"samples; the gain is held-out pass@1 after minus before per 1,000 "
-                 f"generated samples."),
+    slope = lambda x: signed(x, 4)  # noqa: E731 (reward slopes and held-out gains)
+    out = [Heading(1, title),
+           Paragraph(f"{len(rows)} builds. Accuracy is held-out pass@1 (seed means after "
+                     f"post-training); the reward slope is training reward per 1,000 generated "
+                     f"samples; the gain is held-out pass@1 after minus before per 1,000 "
+                     f"generated samples."),
            *_compute(result),
-           ("table", ["build", "parameters", "pretraining steps", "tokens (M)",
-                      "held-out loss", "base pass@1", "GRPO pass@1", "ES pass@1",
-                      "base pass@k", "GRPO pass@k", "ES pass@k", "GRPO slope", "ES slope",
-                      "GRPO gain", "ES gain"],
-            [[r["cell"], f"{r['parameters']:,}", str(r["steps"]), f"{r['tokens'] / 1e6:.2f}",
-              f"{r['heldout_loss']:.4f}", _pct(r["base_pass@1"]), _pct(r["grpo_pass@1"]),
-              _pct(r["es_pass@1"]), _pct(r["base_pass@k"]), _pct(r["grpo_pass@k"]),
-              _pct(r["es_pass@k"]), _num(r["grpo_slope"]), _num(r["es_slope"]),
-              _num(r["grpo_gain"]), _num(r["es_gain"])]
-             for r in rows]),
-           ("h", 2, "Accuracy against pretraining loss"),
-           ("table", ["model", "slope (pass@1 per nat)", "95% CI", "R^2", "the interval"],
-            [[m] + _fit_cell(result["accuracy_vs_loss"][m]) for m in ("base", *METHODS)]),
-           ("img", figures["loss"], "Held-out pass@1 against each build's held-out-stream loss, "
-                                    "least-squares lines with 95% confidence bands."),
-           ("h", 2, "Reward slope against pretraining tokens"),
-           ("table", ["method", "slope (reward per 1k samples per M tokens)", "95% CI", "R^2",
-                      "the interval"],
-            [[m] + _fit_cell(result["slope_vs_tokens"][m]) for m in METHODS]),
-           ("p", "Every build's run of a seed draws the same prompt batches in the same "
-                 "order. Mean correlation of per-step training rewards between builds: "
-                 + "; ".join(f"{m.upper()} " + ("-" if c is None else
-                                                 f"{c['mean']:+.2f} ({c['pairs']} pairs)")
-                             for m, c in result["shared_batches"].items())
-                 + ". Near 1, the slopes measure the batch order as much as learning; the "
-                   "held-out gain below is measured on fixed problems."),
-           ("h", 2, "Held-out gain against pretraining tokens"),
-           ("table", ["method", "slope (pass@1 per 1k samples per M tokens)", "95% CI", "R^2",
-                      "the interval"],
-            [[m] + _fit_cell(result["gain_vs_tokens"][m]) for m in METHODS]),
-           ("img", figures["slope"], "Each build's training-reward slope (left) and held-out "
-                                     "gain (right) against its pretraining tokens, with the "
-                                     "fitted lines.")]
-    d = result["difficulty"]
-    out += [("h", 2, "Change by base difficulty"),
-            ("p", "Every (build, held-out problem) pair, binned by the base model's probability "
-                  "of the problem's reference answer. Change: mean per-problem accuracy after "
-                  "minus before. Never solved: pairs with no correct sample in "
-                  + ("the base's second draw (another sampling seed); method solves and base "
-                     "solves: the share of them each solves on the evaluation seed, so chance "
-                     "lifts both alike; beyond: the paired difference."
-                     if d.get("null") else
-                     "the base's own draw (no second draw: chance and the method are not "
-                     "told apart)."))]
+           Table(["build", "parameters", "pretraining steps", "tokens (M)", "held-out loss",
+                  "base pass@1", "GRPO pass@1", "ES pass@1", "base pass@k", "GRPO pass@k",
+                  "ES pass@k", "GRPO slope", "ES slope", "GRPO gain", "ES gain"],
+                 [[r["cell"], f"{r['parameters']:,}", str(r["steps"]),
+                   f"{r['tokens'] / 1e6:.2f}", f"{r['heldout_loss']:.4f}",
+                   pct(r["base_pass@1"]), pct(r["grpo_pass@1"]), pct(r["es_pass@1"]),
+                   pct(r["base_pass@k"]), pct(r["grpo_pass@k"]), pct(r["es_pass@k"]),
+                   slope(r["grpo_slope"]), slope(r["es_slope"]), slope(r["grpo_gain"]),
+                   slope(r["es_gain"])] for r in rows]),
+           Heading(2, "Accuracy against pretraining loss"),
+           Table(["model", "slope (pass@1 per nat)", "95% CI", "R^2", "the interval"],
+                 [[m] + _fit_cell(result["accuracy_vs_loss"][m]) for m in ("base", *METHODS)]),
+           Figure(figures["loss"], "Held-out pass@1 against each build's held-out-stream loss, "
+                  "least-squares lines with 95% confidence bands."),
+           Heading(2, "Reward slope against pretraining tokens"),
+           Table(["method", "slope (reward per 1k samples per M tokens)", "95% CI", "R^2",
+                  "the interval"],
+                 [[m] + _fit_cell(result["slope_vs_tokens"][m]) for m in METHODS]),
+           Paragraph("Every build's run of a seed draws the same prompt batches in the same "
+                     "order. Mean correlation of per-step training rewards between builds: "
+                     + "; ".join(f"{m.upper()} " + ("-" if c is None else
+                                                     f"{signed(c['mean'], 2)} ({c['pairs']} pairs)")
+                                 for m, c in result["shared_batches"].items())
+                     + ". Near 1, the slopes measure the batch order as much as learning; the "
+                       "held-out gain below is measured on fixed problems."),
+           Heading(2, "Held-out gain against pretraining tokens"),
+           Table(["method", "slope (pass@1 per 1k samples per M tokens)", "95% CI", "R^2",
+                  "the interval"],
+                 [[m] + _fit_cell(result["gain_vs_tokens"][m]) for m in METHODS]),
+           Figure(figures["slope"], "Each build's training-reward slope (left) and held-out "
+                  "gain (right) against its pretraining tokens, with the fitted lines.")]
+    return out + _difficulty_blocks(result["difficulty"], figures["difficulty"])
+
+
+def _difficulty_blocks(d: dict, figure: str) -> list:
+    """Per method and bin of the base's probability of the reference answer: the accuracy
+    change and the never-solved pairs the method and the base solve."""
+    points = lambda x: signed(x, 1, 100)  # noqa: E731 (bounds of a change in points)
+    out: list = [Heading(2, "Change by base difficulty"), Paragraph(
+        "Every (build, held-out problem) pair, binned by the base model's probability of the "
+        "problem's reference answer. Change: mean per-problem accuracy after minus before. "
+        "Never solved: pairs with no correct sample in "
+        + ("the base's second draw (another sampling seed); method solves and base solves: the "
+           "share of them each solves on the evaluation seed, so chance lifts both alike; "
+           "beyond: the paired difference." if d.get("null") else
+           "the base's own draw (no second draw: chance and the method are not told apart)."))]
     for m in METHODS:
-        out.append(("table", [f"{m}: bin", "pairs", "base", "after", "change", "95% CI",
-                              "never solved", "method solves", "base solves", "beyond",
-                              "95% CI"],
-                    [[label] + (["0"] + ["-"] * 9 if r is None else
-                                [str(r["pairs"]), _pct(r["base"]), _pct(r["after"]),
-                                 f"{100 * r['change']:+.1f} pts", _ci(r["change_ci"], 100, 1),
-                                 str(r["never_solved"]), _pct(r["newly_solved"]),
-                                 _pct(r["base_solved"]),
-                                 "-" if r["beyond_base"] is None
-                                 else f"{100 * r['beyond_base']:+.1f} pts",
-                                 _ci(r["beyond_base_ci"], 100, 1)])
-                     for label, r in zip(d["labels"], d[m])]))
-    out.append(("img", figures["difficulty"], "Per bin of the base's probability of the "
-                                              "reference answer: mean accuracy change (left) "
-                                              "and the never-solved pairs each model solves "
-                                              "(right)."))
+        out.append(Table([f"{m}: bin", "pairs", "base", "after", "change", "95% CI",
+                          "never solved", "method solves", "base solves", "beyond", "95% CI"],
+                         [[label] + (["0"] + ["-"] * 9 if r is None else
+                                     [str(r["pairs"]), pct(r["base"]), pct(r["after"]),
+                                      signed_points(r["change"]), bracket(r["change_ci"], points),
+                                      str(r["never_solved"]), pct(r["newly_solved"]),
+                                      pct(r["base_solved"]), signed_points(r["beyond_base"]),
+                                      bracket(r["beyond_base_ci"], points)])
+                          for label, r in zip(d["labels"], d[m])]))
+    out.append(Figure(figure, "Per bin of the base's probability of the reference answer: "
+                      "mean accuracy change (left) and the never-solved pairs each model "
+                      "solves (right)."))
     return out
 
 
-def _num(x: float | None) -> str:
-    return "-" if x is None else f"{x:+.4f}"
-
-
 def draw(result: dict, folder: Path) -> dict[str, str]:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     folder.mkdir(parents=True, exist_ok=True)
     rows, colors = result["builds"], {"base": "#777777", "grpo": "#d62728", "es": "#1f77b4"}
     names = {}
@@ -316,7 +301,7 @@ def draw(result: dict, folder: Path) -> dict[str, str]:
     ax.set_xlabel("held-out pretraining loss (nats per token)")
     ax.set_ylabel("held-out pass@1")
     ax.legend()
-    names["loss"] = _save(fig, folder / "accuracy_vs_loss.png")
+    names["loss"] = save_figure(fig, folder / "accuracy_vs_loss.png")
     fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
     for ax, key, fits, label in ((axes[0], "slope", "slope_vs_tokens",
                                   "training reward per 1k samples"),
@@ -334,7 +319,7 @@ def draw(result: dict, folder: Path) -> dict[str, str]:
         ax.set_xlabel("pretraining tokens (millions)")
         ax.set_ylabel(label)
         ax.legend()
-    names["slope"] = _save(fig, folder / "slope_vs_tokens.png")
+    names["slope"] = save_figure(fig, folder / "slope_vs_tokens.png")
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.0))
     d, width = result["difficulty"], 0.27
     # The base's share on the never-solved pairs (the same in every method's rows).
@@ -351,24 +336,12 @@ def draw(result: dict, folder: Path) -> dict[str, str]:
         ax.axhline(0, color="black", lw=0.5)
         ax.set_ylabel(label)
         ax.legend()
-    names["difficulty"] = _save(fig, folder / "difficulty.png")
+    names["difficulty"] = save_figure(fig, folder / "difficulty.png")
     return names
-
-
-def _save(fig, path: Path) -> str:
-    fig.tight_layout()
-    fig.savefig(path, dpi=110, metadata={"Software": None})
-    import matplotlib.pyplot as plt
-    plt.close(fig)
-    return path.name
 
 
 def write(result: dict, out: Path, title: str) -> None:
     """``scaling.json``, ``report.md``, ``report.html`` and ``figures/`` in ``out``."""
-    from es_llm.compare.report import to_html, to_markdown
-
     figures = draw(result, out / "figures")
-    items = blocks(result, figures, title)
     write_json_atomic(out / "scaling.json", {**result, "figures": figures})
-    write_text_atomic(out / "report.md", to_markdown(items))
-    write_text_atomic(out / "report.html", to_html(items))
+    write_report(out, blocks(result, figures, title))

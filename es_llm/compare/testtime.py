@@ -5,35 +5,25 @@ search on the base model recovers what training bought."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+from es_llm.compare.config import CompareConfig
+from es_llm.compare.section import (SECTIONS, CheckInput, Section, SectionInput, Source,
+                                    fields_dict)
 from es_llm.errors import BadInput
+from es_llm.report import Figure, Heading, Paragraph, Table, fixed
 from es_llm.testtime.methods import METHODS, TestTimeSettings
 
 
-@dataclass(frozen=True)
-class TestTimeCompare:
-    __test__ = False  # not a pytest test class, despite its name
-
-    # Test-time methods to run on every model folder (empty = off), e.g. [independent,
-    # base_select]; a method's roles must be in every model (checkpoints of the student know
-    # only solve: independent, base_select).
-    methods: tuple[str, ...] = ()
-    # Budget levels in each method's unit, as `es-llm testtime --budgets`.
-    budgets: tuple[int, ...] = (2, 4, 8)
-
-
-def testtime_config(cfg, model: Path, sources: list):
+def testtime_config(cfg: CompareConfig, model: Path, sources: tuple[Source, ...]):
     """The ``TestTimeConfig`` of one compared model: the comparison's seed, temperature,
     longest completion and bootstrap, and one problem file for every model (the task's, else
     the first model's held-out set), so all curves are read on the same problems."""
-    from dataclasses import replace
-
     from es_llm.testtime.run import TestTimeConfig
 
     t = cfg.testtime
-    data = cfg.task.data or str(Path(sources[0][1]) / "data" / "countdown_eval.jsonl")
+    data = cfg.task.data or str(Path(sources[0].path) / "data" / "countdown_eval.jsonl")
     return TestTimeConfig(model=str(model), task=replace(cfg.task, data=data),
                           methods=t.methods, budgets=t.budgets,
                           backend="hf", seed=cfg.sampling.seed, bootstrap=cfg.bootstrap,
@@ -41,65 +31,89 @@ def testtime_config(cfg, model: Path, sources: list):
                                                     max_tokens=cfg.sampling.max_tokens))
 
 
-def check_testtime(cfg, sources: list, loaded: dict) -> None:
+def check(inp: CheckInput) -> None:
     """BadInput unless every compared model is a folder with the methods' roles."""
     from es_llm.testtime.roles import check_roles
 
-    if loaded:
+    if inp.loaded:
         raise BadInput(f"compare testtime.methods runs the models themselves; "
-                       f"{', '.join(loaded)} {'is' if len(loaded) == 1 else 'are'} given as "
-                       f"samples, not model folders.")
-    for name, path, _ in sources:
-        tcfg = testtime_config(cfg, path, sources)  # validates methods, budgets and the task
+                       f"{', '.join(inp.loaded)} {'is' if len(inp.loaded) == 1 else 'are'} "
+                       f"given as samples, not model folders.")
+    for src in inp.sources:
+        tcfg = testtime_config(inp.cfg, src.path, inp.sources)  # validates methods and budgets
         if not Path(tcfg.task.data).is_file():
             raise BadInput(f"compare testtime.methods: no problem file {tcfg.task.data!r}; "
                            f"give the problems with --data FILE.")
-        check_roles(path, {m: METHODS.get(m).roles for m in cfg.testtime.methods})
+        check_roles(src.path, {m: METHODS.get(m).roles for m in inp.cfg.testtime.methods})
 
 
-def run_testtime(cfg, sources: list, out: Path, progress: bool) -> dict:
+def _joint(models: dict) -> dict:
+    """Every model's methods as one set of curves, labelled "MODEL METHOD"."""
+    return {f"{name} {m}": runs for name, methods in models.items() for m, runs in methods.items()}
+
+
+@dataclass(frozen=True)
+class TestTime:
+    """comparison.json["testtime"]: every model's test-time runs (``es-llm testtime``'s
+    summaries), the joint curves and the settings."""
+
+    __test__ = False  # not a pytest test class, despite its name
+
+    models: dict[str, dict]
+    curves: dict
+    config: dict
+
+    def to_json(self) -> dict:
+        return {"testtime": fields_dict(self)}
+
+
+def compute(inp: SectionInput) -> TestTime:
     """Every model's test-time runs (under ``out/testtime/NAME``) and the joint curves."""
     from es_llm.testtime.run import curves, testtime
 
+    cfg = inp.cfg
+    inp.echo(f"[compare] test-time methods {', '.join(cfg.testtime.methods)}")
     models = {}
-    for name, path, _ in sources:
-        metrics = testtime(testtime_config(cfg, path, sources), out / "testtime" / name,
-                           progress=progress, echo=lambda *_: None)
-        models[name] = metrics["methods"]
-    joint = {f"{name} {m}": runs for name, methods in models.items() for m, runs in methods.items()}
-    return {"models": models, "curves": curves(joint),
-            "config": {"methods": list(cfg.testtime.methods),
-                       "budgets": list(cfg.testtime.budgets)}}
+    for src in inp.sources:
+        metrics = testtime(testtime_config(cfg, src.path, inp.sources),
+                           inp.out / "testtime" / src.name, progress=inp.progress,
+                           echo=lambda *_: None)
+        models[src.name] = metrics["methods"]
+    return TestTime(models, curves(_joint(models)),
+                    {"methods": list(cfg.testtime.methods), "budgets": list(cfg.testtime.budgets)})
 
 
-def testtime_figure(section: dict, path: Path) -> str:
+def figures(comp: dict, folder: Path) -> dict[str, str]:
     from es_llm.testtime.report import success_figure
 
-    joint = {f"{name} {m}": runs for name, methods in section["models"].items()
-             for m, runs in methods.items()}
-    success_figure(joint, path, "test-time methods by model")
-    return path.name
+    path = folder / "testtime.png"
+    return {"testtime": success_figure(_joint(comp["testtime"]["models"]), path,
+                                       "test-time methods by model")}
 
 
-def testtime_blocks(section: dict | None, figure: str | None) -> list[tuple]:
+def blocks(comp: dict, figures: dict[str, str]) -> list:
     """The report's test-time section: areas under success-vs-tokens and dominance."""
-    if not section:
-        return []
+    section = comp["testtime"]
     c = section["config"]
-    out: list[tuple] = [("h", 2, "Test-time methods"), ("p", (
+    areas = section["curves"]
+    out: list = [Heading(2, "Test-time methods"), Paragraph(
         f"Every model runs {', '.join(c['methods'])} at budgets "
         f"{', '.join(map(str, c['budgets']))} on the compared problems (`es-llm testtime`, "
         f"folders under testtime/). Area: the mean success over a log10 range of tokens per "
         f"problem common to all curves; covered = some output correct, answered = the "
-        f"committed answer correct."))]
-    rows = [[label, f"{section['curves']['covered']['auc_log_tokens'][label]:.3f}",
-             f"{section['curves']['answered']['auc_log_tokens'][label]:.3f}"]
-            for label in section["curves"]["covered"]["auc_log_tokens"]]
-    out.append(("table", ["model and method", "area (covered)", "area (answered)"], rows))
-    dom = section["curves"]["covered"]["dominates"]
-    out.append(("p", "Dominance on covered: " + ("; ".join(f"{a} over {b}" for a, b in dom)
-                                                 if dom else "none.")))
-    if figure:
-        out.append(("img", figure, "Success against mean tokens per problem, every model "
-                                   "and method."))
+        f"committed answer correct.")]
+    rows = [[label, fixed(areas["covered"]["auc_log_tokens"][label], 3),
+             fixed(areas["answered"]["auc_log_tokens"][label], 3)]
+            for label in areas["covered"]["auc_log_tokens"]]
+    out.append(Table(["model and method", "area (covered)", "area (answered)"], rows))
+    dom = areas["covered"]["dominates"]
+    out.append(Paragraph("Dominance on covered: " + ("; ".join(f"{a} over {b}" for a, b in dom)
+                                                     if dom else "none.")))
+    out.append(Figure(figures["testtime"], "Success against mean tokens per problem, every "
+                      "model and method."))
     return out
+
+
+SECTIONS.register("testtime")(Section(
+    place=50, enabled=lambda cfg: bool(cfg.testtime.methods), check=check, compute=compute,
+    figures=figures, blocks=blocks))

@@ -1,0 +1,143 @@
+"""The settings of ``es-llm compare``: ``CompareConfig`` and the nested settings of its
+sections (the blind spot, the budget study, the test-time curves)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from es_llm.backends import BACKEND_NAMES
+from es_llm.config import check_choices, choice
+from es_llm.errors import BadInput
+from es_llm.evaluate import SamplingConfig
+from es_llm.tasks import TaskConfig
+from populations.numbers import is_finite_number
+
+
+@dataclass(frozen=True)
+class BlindSpotConfig:
+    # The pass@k blind spot (es_llm/compare/blind_spot.py): for each model folder, the
+    # problems none of its first k samples solves, read again by greedy decoding and five
+    # grafted greedy chains.
+    enabled: bool = False
+    # Sampled tries that define a never-solved problem (the first k of each problem's).
+    k: int = 6
+    # Decoder layer whose output is grafted; negative counts from the end (-1 = the last).
+    layer: int = 0
+    # Coefficients of the three graft kinds (0 = no change, 1 = the donor replaces).
+    reorder_coef: float = 1.0
+    mean_coef: float = 0.5
+    mix_coef: float = 0.1
+    # Prompts of the compared set whose mean activation is the mean graft's donor.
+    reference_prompts: int = 32
+    # At most this many never-solved problems per model are read (null = all of them).
+    max_problems: int | None = None
+
+    def __post_init__(self):
+        if self.k < 1:
+            raise BadInput(f"blind_spot.k must be at least 1, got {self.k}.")
+        for name in ("reorder_coef", "mean_coef", "mix_coef"):
+            value = getattr(self, name)
+            if not (is_finite_number(value) and 0 <= value <= 1):
+                raise BadInput(f"blind_spot.{name} must lie in [0, 1], got {value!r}.")
+        if self.reference_prompts < 1:
+            raise BadInput(f"blind_spot.reference_prompts must be at least 1, got "
+                           f"{self.reference_prompts}.")
+        if self.max_problems is not None and self.max_problems < 1:
+            raise BadInput(f"blind_spot.max_problems must be at least 1 or null, got "
+                           f"{self.max_problems}.")
+
+
+@dataclass(frozen=True)
+class BudgetConfig:
+    # Training runs read checkpoint by checkpoint, as METHOD@SEED=RUN_DIR (or METHOD=RUN_DIR):
+    # every checkpoints/step_K and final of an `es-llm es` or `es-llm grpo` run folder.
+    runs: tuple[str, ...] = ()
+    # Problems every checkpoint and the reference model are read on; null = the first
+    # also_on file, else the reference model's held-out file.
+    data: str | None = None
+    # Sampled reads per problem (0 = greedy only), at this temperature, on every stride-th
+    # problem of the data; pass@k reported for each k (at most n).
+    n: int = 4
+    temperature: float = 0.6
+    stride: int = 4
+    k: tuple[int, ...] = (1, 4)
+    # Generation backend of these reads (null = the comparison's): dozens of short reads are
+    # quicker on hf where vLLM's start-up per read dominates.
+    backend: str | None = None
+
+    def __post_init__(self):
+        if self.backend not in (None, "auto", "hf", "vllm"):
+            raise BadInput(f"budget.backend must be null (the comparison's), auto, hf or vllm; "
+                           f"got {self.backend!r}.")
+        if self.n < 0 or self.stride < 1 or not self.temperature > 0:
+            raise BadInput(f"budget.n must be >= 0, budget.stride >= 1 and budget.temperature "
+                           f"> 0; got n={self.n}, stride={self.stride}, "
+                           f"temperature={self.temperature}.")
+        if self.n and (not self.k or any(k < 1 or k > self.n for k in self.k)):
+            raise BadInput(f"budget.k {list(self.k)} must be between 1 and budget.n={self.n} "
+                           f"samples per problem.")
+
+
+@dataclass(frozen=True)
+class TestTimeCompare:
+    __test__ = False  # not a pytest test class, despite its name
+
+    # Test-time methods to run on every model folder (empty = off), e.g. [independent,
+    # base_select]; a method's roles must be in every model (checkpoints of the student know
+    # only solve: independent, base_select).
+    methods: tuple[str, ...] = ()
+    # Budget levels in each method's unit, as `es-llm testtime --budgets`.
+    budgets: tuple[int, ...] = (2, 4, 8)
+
+
+@dataclass(frozen=True)
+class CompareConfig:
+    # Models as NAME=PATH: PATH is a model folder (sampled here), an eval folder or a
+    # samples.jsonl (reused). NAME is a method, or method@seed for one of its training seeds.
+    models: tuple[str, ...] = ()
+    # The model (or method) progressions, regressions and differences are measured against.
+    reference: str = "base"
+    task: TaskConfig = field(default_factory=TaskConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    # Generation backend for the models sampled here: auto (vLLM when installed), hf or vllm.
+    backend: str = choice("auto", lambda: BACKEND_NAMES)
+    # Bootstrap resamples over problems for each 95% interval.
+    bootstrap: int = 1000
+    # Seed of the bootstrap resamples and of the diversity subsamples.
+    metrics_seed: int = 0
+    # Capability or sharpening (es_llm/compare/capability.py): when either list is set, every
+    # model folder is also read greedily (one sample at T = 0) and sampled at each of these
+    # temperatures and at sampling.temperature (views_n samples per problem, the other
+    # sampling settings as given), on the task's problems and on each `also_on` file; the
+    # report adds greedy accuracy, pass@1, pass@n, answer entropy and the sharpening gap
+    # side by side.
+    temperatures: tuple[float, ...] = ()
+    # More problem files to read the models on, e.g. a never-seen Countdown set from
+    # scripts/unseen_countdown.py.
+    also_on: tuple[str, ...] = ()
+    # Samples per problem in the sampled capability views (null = sampling.n): a large
+    # never-seen set is read well with fewer samples per problem.
+    views_n: int | None = None
+    # Accuracy against training budget: every checkpoint along budget.runs read on one
+    # problem set, placed by generated samples and by training seconds.
+    budget: BudgetConfig = field(default_factory=BudgetConfig)
+    # Per-problem difficulty for the "gains by difficulty" section (besides the reference's
+    # failure rate and the problems' tiers): a JSONL file with an `id` and this column per
+    # problem, e.g. human error rates; every compared problem needs a value.
+    difficulty_file: str | None = None
+    # The column of difficulty_file that holds each problem's difficulty.
+    difficulty_column: str = "difficulty"
+    blind_spot: BlindSpotConfig = field(default_factory=BlindSpotConfig)
+    # Test-time methods on every model folder (es_llm/compare/testtime.py).
+    testtime: TestTimeCompare = field(default_factory=TestTimeCompare)
+
+    def __post_init__(self):
+        check_choices(self)
+        if self.bootstrap < 10:
+            raise BadInput(f"bootstrap must be at least 10 resamples, got {self.bootstrap}.")
+        if any(not t > 0 for t in self.temperatures):
+            raise BadInput(f"temperatures must be above 0 (greedy is always read when views "
+                           f"are on), got {list(self.temperatures)}.")
+        if self.views_n is not None and self.views_n < 1:
+            raise BadInput(f"views_n must be at least 1 (or null for sampling.n), got "
+                           f"{self.views_n}.")
