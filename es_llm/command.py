@@ -77,8 +77,7 @@ class Command:
     note: str = ""
 
     def config_class(self) -> type:
-        module, name = self.config.split(":")
-        return getattr(importlib.import_module(module), name)
+        return named(self.config)
 
     def resolve(self, args: argparse.Namespace) -> Any:
         """The config this invocation runs with."""
@@ -88,6 +87,24 @@ class Command:
         from es_llm.config import load_config
 
         return load_config(cls, path=args.config, flags=flags, overrides=args.overrides)
+
+
+def named(spec: str) -> Any:
+    """The object ``module:name`` names, its module imported now."""
+    module, name = spec.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def writes_out(job: str) -> Callable[[argparse.Namespace, Any], None]:
+    """The ``run`` of a command whose work is one function, ``job(cfg, out, progress=...,
+    on_folder=...)``, that writes into the required --out; ``job`` is ``module:function``,
+    imported when the command runs."""
+
+    def run(args: argparse.Namespace, cfg: Any) -> None:
+        named(job)(cfg, required_out(args), progress=not args.no_progress,
+                   on_folder=args.log.attach)
+
+    return run
 
 
 # --- the parser ---------------------------------------------------------------------------

@@ -2,14 +2,7 @@
 
 from __future__ import annotations
 
-from es_llm.command import (BACKEND, SAMPLING, TASK, Command, Flag, comma_names,
-                            required_out)
-
-
-def run(args, cfg) -> None:
-    from es_llm.compare.run import compare
-
-    compare(cfg, required_out(args), progress=not args.no_progress, on_folder=args.log.attach)
+from es_llm.command import BACKEND, SAMPLING, TASK, Command, Flag, comma_names, writes_out
 
 
 COMMAND = Command(
@@ -28,7 +21,7 @@ against generated samples and training seconds. Several training seeds of one
 method are named method@seed and reported as a group (seed spread beside the
 bootstrap CIs).""",
     config="es_llm.compare.run:CompareConfig",
-    run=run,
+    run=writes_out("es_llm.compare.run:compare"),
     flags=(Flag("--models", "models", nargs="+", metavar="NAME=PATH"),
            Flag("--reference", "reference", metavar="NAME"),
            *TASK, *SAMPLING, BACKEND,

@@ -2,13 +2,7 @@
 
 from __future__ import annotations
 
-from es_llm.command import BACKEND, MODEL, SAMPLING, TASK, Command, required_out
-
-
-def run(args, cfg) -> None:
-    from es_llm.evaluate import evaluate
-
-    evaluate(cfg, required_out(args), progress=not args.no_progress, on_folder=args.log.attach)
+from es_llm.command import BACKEND, MODEL, SAMPLING, TASK, Command, writes_out
 
 
 COMMAND = Command(
@@ -22,7 +16,7 @@ unless --data is given; other models use the task's generator or --data. A
 masked-diffusion model (a folder with diffusion_sampling.json, such as the
 testbed's diffusion/) decodes with the sampler saved beside it.""",
     config="es_llm.evaluate:EvalConfig",
-    run=run,
+    run=writes_out("es_llm.evaluate:evaluate"),
     flags=(MODEL, *TASK, *SAMPLING, BACKEND),
     out_required=True,
 )

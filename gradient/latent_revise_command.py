@@ -3,14 +3,7 @@ in embedding space (``gradient.recovery``)."""
 
 from __future__ import annotations
 
-from es_llm.command import MODEL, TASK, Command, required_out
-
-
-def run(args, cfg) -> None:
-    from gradient.recovery import latent_revise
-
-    latent_revise(cfg, required_out(args), progress=not args.no_progress,
-                  on_folder=args.log.attach)
+from es_llm.command import MODEL, TASK, Command, writes_out
 
 
 COMMAND = Command(
@@ -31,7 +24,7 @@ resampled.jsonl, base_rollouts.jsonl (as many correct base samples of other prom
 an SFT control), attempts.jsonl, metrics.json and report.md (recovery rates with 95%
 intervals, their paired difference, token passes and seconds of both arms).""",
     config="gradient.recovery:LatentReviseConfig",
-    run=run,
+    run=writes_out("gradient.recovery:latent_revise"),
     flags=(MODEL, *TASK),
     out_required=True,
 )

@@ -3,13 +3,7 @@
 from __future__ import annotations
 
 from es_llm.command import (BACKEND, MODEL, TASK, Command, Flag, comma_ints, comma_names,
-                            required_out)
-
-
-def run(args, cfg) -> None:
-    from es_llm.testtime.run import testtime
-
-    testtime(cfg, required_out(args), progress=not args.no_progress, on_folder=args.log.attach)
+                            writes_out)
 
 
 COMMAND = Command(
@@ -25,7 +19,7 @@ but independent needs the multi-role reasoning model (`es-llm testbed
 reasoning.enabled=true`, folder reasoning/). Writes DIR/samples.jsonl,
 outcomes.jsonl, metrics.json, report.md and figures/success_vs_tokens.png.""",
     config="es_llm.testtime.run:TestTimeConfig",
-    run=run,
+    run=writes_out("es_llm.testtime.run:testtime"),
     flags=(MODEL, *TASK,
            Flag("--methods", "methods", metavar="M1,M2,...", convert=comma_names),
            Flag("--budgets", "budgets", metavar="B1,B2,...", convert=comma_ints),
