@@ -190,3 +190,12 @@ def test_no_registered_command_is_an_install_problem(monkeypatch, capsys):
     monkeypatch.setattr("es_llm.cli.registered_commands", lambda: {})
     assert main(["eval"]) == 1
     assert "reinstall" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", sorted(n for n, c in COMMANDS.items() if c.out_required))
+def test_a_command_that_writes_into_out_refuses_to_run_without_it(name, tmp_path,
+                                                                  monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main([name]) == 2
+    assert f"{name} needs --out DIR" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
