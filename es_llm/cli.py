@@ -26,6 +26,18 @@ def registered_commands() -> dict[str, Command]:
     return {ep.name: ep.load() for ep in sorted(entry_points(group=GROUP), key=lambda e: e.name)}
 
 
+def _discover() -> tuple[dict[str, Command], str | None]:
+    """The registered commands, or what is wrong with their registration."""
+    try:
+        commands = registered_commands()
+    except ImportError as exc:
+        return {}, f"a subcommand registered under {GROUP!r} does not import ({exc})"
+    odd = sorted(name for name, c in commands.items() if not isinstance(c, Command))
+    if odd:
+        return {}, f"{', '.join(odd)} under {GROUP!r}: not an es_llm.command.Command"
+    return commands, None if commands else f"no subcommand is registered under {GROUP!r}"
+
+
 def build_parser(commands: dict[str, Command], argv: list[str]) -> argparse.ArgumentParser:
     """The parser of ``es-llm ARGV``. Every command is listed, but only the one ``argv``
     names gets its arguments: their help is read from its config dataclasses, and describing
@@ -46,11 +58,11 @@ def build_parser(commands: dict[str, Command], argv: list[str]) -> argparse.Argu
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    commands = registered_commands()
-    if not commands:
-        print(f"es-llm: no subcommand is registered under the {GROUP!r} entry points; the "
-              f"package's metadata is missing or out of date: reinstall it "
-              f"(pip install -e .).", file=sys.stderr)
+    commands, problem = _discover()
+    if problem:
+        # The entry points are read from the installed metadata, written at install time.
+        print(f"es-llm: {problem}; if the package changed since it was installed, reinstall "
+              f"it (pip install -e .).", file=sys.stderr)
         return 1
     parser = build_parser(commands, argv)
     # key=value overrides may stand anywhere, also after options (argparse alone would stop

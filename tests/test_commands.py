@@ -189,7 +189,19 @@ def test_every_command_prints_its_config_and_its_keys_without_running(name, tmp_
 def test_no_registered_command_is_an_install_problem(monkeypatch, capsys):
     monkeypatch.setattr("es_llm.cli.registered_commands", lambda: {})
     assert main(["eval"]) == 1
-    assert "reinstall" in capsys.readouterr().err
+    assert "no subcommand is registered" in capsys.readouterr().err
+
+    def stale():
+        raise ModuleNotFoundError("No module named 'gradient.old_cli'")
+
+    monkeypatch.setattr("es_llm.cli.registered_commands", stale)
+    assert main(["eval"]) == 1
+    err = capsys.readouterr().err
+    assert "gradient.old_cli" in err and "reinstall it (pip install -e .)" in err
+    assert err.count("\n") == 1
+    monkeypatch.setattr("es_llm.cli.registered_commands", lambda: {"grpo": object()})
+    assert main(["grpo"]) == 1
+    assert "grpo under 'es_llm.commands': not an es_llm.command.Command" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("name", sorted(n for n, c in COMMANDS.items() if c.out_required))
