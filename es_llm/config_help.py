@@ -57,6 +57,21 @@ def _own_comments(cls: type) -> dict[str, str]:
     return {k: v for k, v in comments.items() if v}
 
 
+def key_field(cls: type, key: str) -> tuple[dataclasses.Field, str]:
+    """The field that dotted ``key`` names in the config tree rooted at ``cls``, and its
+    comment. A key that is not there is a ValueError: it is a mistake in the code that asks
+    (a command's flag table), not in the user's input."""
+    *sections, name = key.split(".")
+    for section in sections:
+        cls = typing.get_type_hints(cls).get(section)
+        if not dataclasses.is_dataclass(cls):
+            raise ValueError(f"{key!r} names no config key: {section!r} is not a section.")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    if name not in fields:
+        raise ValueError(f"{key!r} names no config key: {cls.__name__} has no field {name!r}.")
+    return fields[name], field_comments(cls).get(name, "")
+
+
 def config_keys(cls: type, default: Any = None, prefix: str = "") -> list[dict]:
     """One entry per leaf key of the config tree rooted at ``cls``: ``key``, ``type``,
     ``default`` (taken from the default instance, so nested sections show the defaults of

@@ -30,11 +30,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from es_llm.backends import BACKEND_NAMES
-from es_llm.cli import ES_RESUME_KEYS
 from es_llm.compare.config import BudgetConfig
 from es_llm.config import (MACHINE_KEY, check_choices, choice, dump_yaml, load_config,
                            read_yaml, to_dict)
 from es_llm.errors import BadInput
+from es_llm.es.command import RESUME_KEYS as ES_RESUME_KEYS
 from es_llm.es.config import ESRunConfig
 from es_llm.evaluate import SamplingConfig, resolve_training_data
 from es_llm.io import complete_jsonl_rows, write_text_atomic
@@ -42,8 +42,8 @@ from es_llm.run_folder import check_out_path
 from es_llm.stage_runner import Runner, es_llm_command, finished
 from es_llm.tasks import task_names
 from es_llm.testbed.config import MODEL_TASKS, load_testbed_config
-from gradient.cli import RESUME_KEYS as GRPO_RESUME_KEYS
 from gradient.config import GRPORunConfig
+from gradient.grpo_command import RESUME_KEYS as GRPO_RESUME_KEYS
 
 ROOT = Path(__file__).resolve().parents[1]
 

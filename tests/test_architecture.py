@@ -1,5 +1,6 @@
 """The layout's dependency rules hold: populations is model-free, the core never imports
-gradient, and MPI / vLLM / torch.distributed stay behind their edge modules."""
+gradient, scripts/ sit on top (nothing imports them), only the console script imports the
+command line, and MPI / vLLM / torch.distributed stay behind their edge modules."""
 
 from __future__ import annotations
 
@@ -30,14 +31,42 @@ def top(name: str) -> str:
     return name.split(".")[0]
 
 
+def script_modules() -> set[str]:
+    """What scripts/ can be imported as: the folder, and each script by its own name (a
+    script run from there imports its siblings so, e.g. minimal_grpo imports minimal_es)."""
+    return {"scripts"} | {p.stem for p in py_files("scripts")}
+
+
 @pytest.mark.parametrize("package, banned", [
     ("populations", {"es_llm", "gradient", "transformers", "vllm", "mpi4py"}),
     ("es_llm", {"gradient"}),
+    ("gradient", set()),
 ])
 def test_import_direction(package, banned):
+    # scripts/ sit on top of everything: they may import es_llm and gradient, and nothing
+    # in the packages imports a script.
+    banned = banned | script_modules()
     offenders = [(str(p.relative_to(ROOT)), m) for p in py_files(package)
                  for m in imported_modules(p) if top(m) in banned]
     assert not offenders, f"{package} must not import {sorted(banned)}: {offenders}"
+
+
+def test_only_the_console_script_imports_the_command_line():
+    # Commands are discovered through their entry points; the shared parts they need are in
+    # es_llm/command.py. es_llm/__main__.py is `python -m es_llm`, the console script.
+    offenders = [str(p.relative_to(ROOT))
+                 for package in ("populations", "es_llm", "gradient", "scripts")
+                 for p in py_files(package)
+                 if p != ROOT / "es_llm" / "__main__.py"
+                 and ("es_llm.cli" in imported_modules(p) or imports_name(p, "es_llm", "cli"))]
+    assert not offenders, f"only the console script may import es_llm.cli: {offenders}"
+
+
+def imports_name(path: Path, module: str, name: str) -> bool:
+    """Whether ``path`` has ``from module import name``."""
+    return any(isinstance(node, ast.ImportFrom) and node.module == module
+               and any(a.name == name for a in node.names)
+               for node in ast.walk(ast.parse(path.read_text())))
 
 
 def test_transport_imports_stay_at_the_edges():
@@ -71,6 +100,8 @@ def import_graph(package: str) -> dict[str, set[str]]:
     late import hides a circle, it does not remove it). ``from a import b`` counts as an
     import of the module ``a.b`` when that is one, else of ``a``."""
     modules = {module_name(p): p for p in py_files(package)}
+    # A script imports its siblings by their own names (scripts/ is its sys.path entry).
+    siblings = {p.stem: module_name(p) for p in py_files(package)} if package == "scripts" else {}
     graph = {}
     for name, path in modules.items():
         found = set()
@@ -80,6 +111,7 @@ def import_graph(package: str) -> dict[str, set[str]]:
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 found.update(f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules
                              else node.module for a in node.names)
+        found = {siblings.get(m, m) for m in found}
         graph[name] = {m for m in found if m in modules and m != name}
     return graph
 
@@ -107,7 +139,7 @@ def cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-@pytest.mark.parametrize("package", ["populations", "es_llm", "gradient"])
+@pytest.mark.parametrize("package", ["populations", "es_llm", "gradient", "scripts"])
 def test_no_package_has_an_import_circle(package):
     # Between packages the imports go one way (test_import_direction), so no circle inside
     # any package means none in the whole tree.

@@ -11,19 +11,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from es_llm.cli import main
+from es_llm.cli import main, registered_commands
 from es_llm.config import load_config
 from es_llm.config_help import config_keys, field_comments
 
 ROOT = Path(__file__).resolve().parents[1]
-COMMANDS = {
-    "testbed": "es_llm.testbed.config:TestbedConfig",
-    "eval": "es_llm.evaluate:EvalConfig",
-    "es": "es_llm.es.config:ESRunConfig",
-    "compare": "es_llm.compare.run:CompareConfig",
-    "grpo": "gradient.config:GRPORunConfig",
-    "opd": "gradient.config:GRPORunConfig",
-}
+COMMANDS = registered_commands()
 
 
 def help_config(command: str) -> str:
@@ -67,9 +60,7 @@ def test_grpo_help_config_lists_the_registered_losses():
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))
 def test_every_key_of_every_command_is_described(command):
-    from es_llm.cli import config_class
-
-    keys = config_keys(config_class(COMMANDS[command]))
+    keys = config_keys(COMMANDS[command].config_class())
     assert keys
     undocumented = [k["key"] for k in keys if not k["help"]]
     assert not undocumented, undocumented

@@ -52,6 +52,7 @@ class TestTimeConfig:
     # Generation backend: hf (the default: the model also scores tokens for ttel), auto
     # (vLLM when installed) or vllm.
     backend: str = choice("hf", lambda: BACKEND_NAMES)
+    # Seed of the sampler, of the methods' own random choices and of the bootstrap.
     seed: int = 0
     # Bootstrap resamples over problems for the 95% intervals.
     bootstrap: int = 1000
