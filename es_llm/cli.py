@@ -362,7 +362,7 @@ def run_es(args) -> None:
     from es_llm.config import load_config
     from es_llm.es.config import ESRunConfig
     from es_llm.es.engine import read_ledger
-    from es_llm.evaluate import resolve_training_data
+    from es_llm.models import resolve_training_data
     from es_llm.run_folder import check_extends, other_machine, training_folder
 
     flags = {"model": args.model} if args.model is not None else {}

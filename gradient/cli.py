@@ -69,7 +69,7 @@ class GRPOCommand:
 
         from es_llm.cli import print_config
         from es_llm.config import load_config
-        from es_llm.evaluate import resolve_training_data
+        from es_llm.models import resolve_training_data
         from es_llm.run_folder import check_extends, other_machine, training_folder
         from gradient.config import GRPORunConfig
         from gradient.setup import build, latest_checkpoint, saved_step
