@@ -69,15 +69,13 @@ class ESConfig(OptimizerConfig):
 
     def __post_init__(self):
         super().__post_init__()  # the optimizer's fields, and every choice field of this one
-        if not isinstance(self.population, int) or isinstance(self.population, bool) \
-                or self.population < 2:
-            raise SettingError("population", f"population must be an int of at least 2 (one "
-                                             f"member gives no estimate), got "
-                                             f"{self.population!r}")
-        if self.antithetic and self.population % 2:
-            raise SettingError("population", f"population must be even with antithetic=true "
-                                             f"(members come in mirrored pairs), got "
-                                             f"{self.population}")
+        try:
+            population(self.population, self.antithetic)  # a positive int, even if mirrored
+        except ValueError as exc:
+            raise SettingError("population", str(exc)) from None
+        if self.population < 2:
+            raise SettingError("population", "population must be at least 2 (one member gives "
+                                             "no estimate)")
         if not (is_finite_number(self.sigma) and self.sigma > 0):
             raise SettingError("sigma", f"sigma must be a positive number, got {self.sigma!r}")
         if not isinstance(self.rank, int) or isinstance(self.rank, bool) or self.rank < 1:

@@ -169,7 +169,7 @@ def test_mpirun_two_ranks_gives_bitwise_the_serial_weights(ci_testbed, tmp_path,
 
 @pytest.mark.parametrize("override, message", [
     ("es.sigma=0", "config key 'es.sigma': sigma must be a positive number"),
-    ("es.population=7 es.antithetic=true", "must be even"),
+    ("es.population=7 es.antithetic=true", "config key 'es.population': antithetic sampling needs an even"),
     ("engine.params=some", "unknown engine.params 'some'"),
     ("es.shaping=best", "config key 'es.shaping': unknown shaping 'best'"),
 ])

@@ -173,7 +173,7 @@ def test_lowrank_resume_after_sigkill_is_bitwise(ci_testbed, tmp_path):
     ("es.rank=0", "config key 'es.rank': rank must be an int >= 1"),
     ("es.rank=33", "es.rank=33 is above the rank"),
     ("engine.prompts_per_member=17", "does not fit the batch of prompts_per_iteration=16"),
-    ("es.population=63", "must be even"),
+    ("es.population=63", "needs an even population size"),
     ("es.kind=full", "engine.serve=rows needs es.kind=lowrank"),
     ("es.vectors=full", "engine.serve=rows perturbs matrices only"),
     ("es.shaping=pair_diff es.antithetic=false", "config key 'es.shaping': shaping pair_diff"),

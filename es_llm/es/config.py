@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from es_llm.backends import BACKEND_NAMES
 from es_llm.config import check_choices, choice
 from es_llm.errors import BadInput
 from es_llm.es.weights import PARAMETER_FILTERS
@@ -66,7 +67,7 @@ class ESRunConfig:
     # Compare a checksum of the weights across ranks every this many iterations.
     checksum_every: int = 5
     # Generation backend of the population: auto (vLLM when installed), hf or vllm.
-    backend: str = choice("auto", lambda: ("auto", "hf", "vllm"))
+    backend: str = choice("auto", lambda: BACKEND_NAMES)
     # Device of the served model and of the fp32 master copy: cpu or cuda.
     device: str = choice("cpu", lambda: ("cpu", "cuda"))
     # Dtype of the served model (the master copy is always float32): float32, bfloat16, float16.
