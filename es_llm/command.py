@@ -230,7 +230,7 @@ def training_load(what: str, resume_keys: tuple[str, ...]):
 
     def load(args: argparse.Namespace, cls: type, flags: dict):
         from es_llm.config import load_config
-        from es_llm.evaluate import resolve_training_data
+        from es_llm.models import resolve_training_data
         from es_llm.run_folder import training_folder
 
         _, path = training_folder(args, what, args.command, resume_keys, flags)

@@ -3,7 +3,9 @@
 Every experiment is a YAML file whose keys mirror a dataclass tree. Loading is strict:
 an unknown key, a value of the wrong type (a float setting must also be finite) or a failed
 ``__post_init__`` check raises ``BadInput`` with a message that names the key and the valid
-choices, so the CLI can exit with status 2 before anything is written. YAML aliases
+choices, so the CLI can exit with status 2 before anything is written. A section that is a
+config of the model-free maths (``populations``, e.g. the ES run's ``es``) validates itself
+with ``ValueError``; ``from_dict`` turns that into ``BadInput`` naming the key, once for all. YAML aliases
 (``*name``) are refused: expanded before validation, a few lines of them can stand for
 millions of nodes.
 
@@ -19,12 +21,16 @@ import re
 import types
 import typing
 from pathlib import Path
-from typing import Any, Callable, Iterable, TypeVar
+from typing import Any, TypeVar
 
 import yaml
 
 from es_llm.errors import BadInput
+from populations import settings
 from populations.numbers import is_finite_number
+# choice and field_choices are declared once, with the maths' configs; every config uses them
+# from here.
+from populations.settings import SettingError, choice, field_choices  # noqa: F401
 
 C = TypeVar("C")
 
@@ -51,27 +57,13 @@ def load_yaml_text(text: str) -> Any:
     return yaml.load(text, Loader=_NoAliasLoader)  # noqa: S506 - a SafeLoader subclass
 
 
-def choice(default: str, names: Callable[[], Iterable[str]]):
-    """A string field whose value must be one of ``names()`` (a registry's names, read when
-    checked): validated by ``check_choices``, listed by ``--help-config``."""
-    return dataclasses.field(default=default, metadata={"choices": names})
-
-
-def field_choices(f: dataclasses.Field) -> list[str] | None:
-    """The valid values of a ``choice`` field, None for any other field."""
-    names = f.metadata.get("choices")
-    return None if names is None else list(names())
-
-
 def check_choices(obj: Any, prefix: str = "") -> None:
     """``BadInput`` naming the field and its valid values when a ``choice`` field of the
     dataclass instance ``obj`` holds anything else; ``prefix`` is its dotted config path."""
-    for f in dataclasses.fields(obj):
-        valid = field_choices(f)
-        value = getattr(obj, f.name)
-        if valid is not None and value not in valid:
-            raise BadInput(f"unknown {prefix}{f.name} {value!r}; valid choices are: "
-                           f"{', '.join(valid)}.")
+    try:
+        settings.check_choices(obj, prefix)
+    except SettingError as exc:
+        raise BadInput(f"{exc}.") from None
 
 
 def _type_name(tp: Any) -> str:
@@ -160,6 +152,13 @@ def from_dict(cls: type[C], data: dict, prefix: str = "") -> C:
         if section and f"{section}." not in str(exc) and f"'{section}" not in str(exc):
             raise BadInput(f"in config section '{section}': {exc}") from None
         raise
+    except ValueError as exc:
+        # The model-free maths (populations) validate their own configs with ValueError; this
+        # is the one place it becomes the user's error, naming the key when the maths said
+        # which field it was.
+        if isinstance(exc, SettingError):
+            raise BadInput(f"config key '{prefix}{exc.field}': {exc}.") from None
+        raise BadInput(f"in config section '{section or cls.__name__}': {exc}.") from None
 
 
 def to_dict(cfg: Any) -> dict:

@@ -7,17 +7,18 @@ build and later trainers reuse.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 from tqdm.auto import tqdm
 
-from es_llm.backends import BACKEND_NAMES, SamplingParams, make_backend
+from es_llm.backends import BACKEND_NAMES, BackendSpec, SamplingParams, make_backend
 from es_llm.config import check_choices, choice, run_config_yaml
 from es_llm.errors import BadInput
 from es_llm.io import write_json_atomic, write_jsonl_atomic, write_text_atomic
 from es_llm.metrics.summary import evaluation_metrics, format_table
+from es_llm.models import check_model_path, resolve_task_config
 from es_llm.run_folder import check_out_path
 from es_llm.tasks import Problem, TaskConfig, build_task
 from es_llm.tasks.base import too_long_notice
@@ -62,66 +63,6 @@ class EvalConfig:
         check_choices(self)
         if self.bootstrap < 10:
             raise BadInput(f"bootstrap must be at least 10 resamples, got {self.bootstrap}.")
-
-
-def check_model_path(path: str, what: str = "model") -> Path:
-    """``path`` as a Path once it is known to load: a folder with a config.json that
-    transformers parses, tokenizer files it loads and safetensors weights whose headers are
-    whole (a truncated file fails here). Anything else is ``BadInput`` naming the folder, so
-    a command stops before it has written or sampled anything."""
-    from safetensors import safe_open
-    from transformers import AutoConfig, AutoTokenizer
-
-    p = Path(path)
-    if not path:
-        raise BadInput(f"no {what} given; pass --model PATH (a Hugging Face model folder, e.g. "
-                       f"one built by `es-llm testbed`).")
-    if not p.is_dir() or not (p / "config.json").is_file():
-        raise BadInput(f"{what} path {path!r} is not a Hugging Face model folder (expected a "
-                       f"directory with config.json, weights and tokenizer files).")
-    step = "config.json"
-    try:
-        AutoConfig.from_pretrained(p)
-        step = "the tokenizer files"
-        AutoTokenizer.from_pretrained(p)
-        step = "the weights"
-        weights = sorted(p.glob("*.safetensors"))
-        if not weights:
-            raise OSError("the folder has no *.safetensors file")
-        for w in weights:
-            with safe_open(w, framework="pt") as f:
-                list(f.keys())
-    except Exception as exc:  # noqa: BLE001 - any load failure is a folder the user must fix
-        detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
-        raise BadInput(f"{what} folder {path!r} does not load: {step} failed ({detail}). "
-                       f"Give a complete Hugging Face model folder (config.json, tokenizer "
-                       f"files and *.safetensors weights), e.g. one built by `es-llm testbed` "
-                       f"or a run's checkpoints/final.") from None
-    return p
-
-
-def resolve_task_config(cfg: EvalConfig) -> EvalConfig:
-    """Point a task without data at the model's own held-out set when it has one.
-
-    Testbed builds ship ``data/<task>_eval.jsonl``; evaluating a testbed model (or a
-    checkpoint trained from it, which copies the folder) on its task then uses the
-    held-out problems it never saw in training, not freshly generated ones.
-    """
-    if cfg.task.data is None:
-        held_out = Path(cfg.model) / "data" / f"{cfg.task.name}_eval.jsonl"
-        if held_out.is_file():
-            return replace(cfg, task=replace(cfg.task, data=str(held_out)))
-    return cfg
-
-
-def resolve_training_data(cfg):
-    """A training config (any with ``model`` and ``task``) on a testbed model uses the model's
-    held-out training prompts, ``data/<task>_rl.jsonl``, when it names no data file."""
-    if cfg.task.data is None:
-        rl = Path(cfg.model) / "data" / f"{cfg.task.name}_rl.jsonl"
-        if rl.is_file():
-            return replace(cfg, task=replace(cfg.task, data=str(rl)))
-    return cfg
 
 
 def sample_and_score(backend, task, problems: list[Problem], params: SamplingParams,
@@ -188,7 +129,8 @@ def evaluate(cfg: EvalConfig, out: str | Path, progress: bool = True, echo=print
             from es_llm.backends.reference import ReferenceBackend
             backend = ReferenceBackend(problems, cfg.task.name)
         else:
-            backend = make_backend(cfg.backend, cfg.model, seed=cfg.sampling.seed)
+            backend = make_backend(BackendSpec(cfg.model, backend=cfg.backend,
+                                               seed=cfg.sampling.seed))
         t_load = time.perf_counter() - t0
         echo(f"evaluating {cfg.model or 'the reference solutions'} on {len(problems)} "
              f"{cfg.task.name} problems, n={cfg.sampling.n}, T={cfg.sampling.temperature}, "

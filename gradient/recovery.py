@@ -39,16 +39,18 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from es_llm.backends import BACKEND_NAMES, choose_backend
+from es_llm.backends import (BACKEND_NAMES, BackendSpec, check_device, choose_backend,
+                             make_backend)
 from es_llm.backends.base import SamplingParams
 from es_llm.backends.diffusion import is_diffusion_model
 from es_llm.config import check_choices, choice, run_config_yaml
 from es_llm.errors import BadInput
-from es_llm.evaluate import SamplingConfig, check_model_path, resolve_training_data
+from es_llm.evaluate import SamplingConfig
 from es_llm.io import write_json_atomic, write_jsonl_atomic, write_text_atomic
 from es_llm.metrics.passk import bootstrap_ci
 from es_llm.report import (Heading, Paragraph, Table, fixed, interval, pct, signed,
                            write_report)
+from es_llm.models import check_model_path, resolve_training_data
 from es_llm.run_folder import check_out_path
 from es_llm.tasks import TaskConfig, build_task
 from es_llm.testbed.train import record
@@ -173,8 +175,7 @@ def _check(cfg: LatentReviseConfig):
     if cfg.revise.cut == "first_wrong" and cfg.task.name != "countdown":
         raise BadInput(f"revise.cut=first_wrong reads Countdown steps; task {cfg.task.name!r} "
                        f"needs revise.cut=fraction.")
-    if cfg.device == "cuda" and not torch.cuda.is_available():
-        raise BadInput("device 'cuda' was asked for but torch sees no CUDA device; use device=cpu.")
+    check_device(cfg.device)
     choose_backend(cfg.backend, cfg.model)
     cfg = resolve_training_data(cfg)
     task = build_task(cfg.task)
@@ -200,11 +201,8 @@ def _check(cfg: LatentReviseConfig):
 
 
 def _sampler(cfg: LatentReviseConfig, model, tokenizer):
-    if choose_backend(cfg.backend, cfg.model) == "vllm":
-        from es_llm.backends.vllm_backend import VLLMBackend
-        return VLLMBackend(cfg.model, seed=cfg.search.seed)
-    from es_llm.backends.hf import HFBackend
-    return HFBackend(cfg.model, model=model, tokenizer=tokenizer, device=cfg.device)
+    return make_backend(BackendSpec(cfg.model, backend=cfg.backend, device=cfg.device,
+                                    seed=cfg.search.seed, model=model, tokenizer=tokenizer))
 
 
 def _allowed(tokenizer, vocab: int, device) -> torch.Tensor:

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import torch
 
-from es_llm.backends import choose_backend
+from es_llm.backends import BackendSpec, check_device, choose_backend, make_backend
 from es_llm.backends.diffusion import is_diffusion_model, saved_sampling
 from es_llm.errors import BadInput
-from es_llm.evaluate import check_model_path
 from es_llm.finite import check_start
+from es_llm.models import check_model_path
 from es_llm.tasks import build_task
 from gradient.adaprefix import PrefixState
 from gradient.batch import Rollout
@@ -154,6 +154,20 @@ def push_policy(backend, model) -> None:
     backend.push_weights({n: p.detach() for n, p in model.named_parameters()})
 
 
+def policy_sampler(cfg: GRPORunConfig, start: str, model, tokenizer, diffusion: bool
+                   ) -> BackendSpec:
+    """What samples the rollouts: the policy itself (hf, or the diffusion sampler with the
+    model's saved settings, one micro-batch per call), or a vLLM engine loaded from
+    ``start`` that the trainer pushes the policy into after each update. Log-probs are the
+    sampler's processed ones, those an importance ratio at the rollout temperature needs."""
+    return BackendSpec(start, backend=cfg.backend, device=cfg.device, seed=cfg.seed,
+                       model=model, tokenizer=tokenizer, weights="pushed",
+                       logprobs_mode="processed",
+                       batch_size=cfg.micro_batch if diffusion else None,
+                       diffusion_sampling=saved_sampling(cfg.model) if diffusion else None,
+                       record_states=records_states(cfg))
+
+
 def build(cfg: GRPORunConfig, resume_from: Path | None = None):
     """``(edges, problems, state)``; with ``resume_from`` (a checkpoint folder) the policy,
     optimizer, step, prefix controller and replay buffer continue from it."""
@@ -162,8 +176,7 @@ def build(cfg: GRPORunConfig, resume_from: Path | None = None):
     check_model_path(cfg.model)
     diffusion = _check_estimator(cfg)
     model_class = AutoModelForMaskedLM if diffusion else AutoModelForCausalLM
-    if cfg.device == "cuda" and not torch.cuda.is_available():
-        raise BadInput("device 'cuda' was asked for but torch sees no CUDA device; use device=cpu.")
+    check_device(cfg.device)
     task = build_task(cfg.task)
     problems = task.problems()
     if not problems:
@@ -202,23 +215,9 @@ def build(cfg: GRPORunConfig, resume_from: Path | None = None):
             items = [dict(it, payload=Rollout.from_saved(it["payload"]))
                      for it in saved["replay"]["items"]]
             state.replay.load_state_dict({**saved["replay"], "items": items})
-    chosen = choose_backend(cfg.backend, cfg.model)
+    backend = make_backend(policy_sampler(cfg, start, model, tokenizer, diffusion))
     # The HF and diffusion samplers decode with the policy itself: no weight sync.
-    sync = None
-    if diffusion:
-        from es_llm.backends.diffusion import DiffusionBackend
-        backend = DiffusionBackend(start, model=model, tokenizer=tokenizer, device=cfg.device,
-                                   sampling=saved_sampling(cfg.model), batch_size=cfg.micro_batch,
-                                   record_states=records_states(cfg))
-    elif chosen == "vllm":
-        from es_llm.backends.vllm_backend import VLLMBackend
-        backend = VLLMBackend(start, seed=cfg.seed, logprobs_mode="processed",
-                              worker_extension=True)
-        sync = partial(push_policy, backend, model)
-    else:
-        from es_llm.backends.hf import HFBackend
-        backend = HFBackend(start, model=model, tokenizer=tokenizer, device=cfg.device,
-                            logprobs_mode="processed")
+    sync = partial(push_policy, backend, model) if backend.name == "vllm" else None
     recovered = (load_recovered(cfg.algo.recovered.data, task, problems, tokenizer)
                  if cfg.algo.recovered.data else {})
     edges = Edges(model=model, tokenizer=tokenizer, backend=backend, task=task,

@@ -19,12 +19,13 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from es_llm.backends import check_device
 from es_llm.backends.diffusion import is_diffusion_model
 from es_llm.config import choice, check_choices, run_config_yaml
 from es_llm.errors import BadInput
-from es_llm.evaluate import check_model_path
 from es_llm.finite import Diverged, check, check_start, check_update, stop_error
 from es_llm.io import jsonl_lines, save_hf_checkpoint, write_text_atomic
+from es_llm.models import check_model_path
 from es_llm.run_folder import AppendLog, written
 from es_llm.testbed.train import completion_batch
 from gradient.config import OptimSettings
@@ -109,8 +110,7 @@ def run_sft(cfg: SFTRunConfig, out: Path, progress: bool = True) -> dict:
     check_model_path(cfg.model)
     if is_diffusion_model(cfg.model):
         raise BadInput(f"{cfg.model} is a masked-diffusion model; es-llm sft trains causal LMs.")
-    if cfg.device == "cuda" and not torch.cuda.is_available():
-        raise BadInput("device 'cuda' was asked for but torch sees no CUDA device; use device=cpu.")
+    check_device(cfg.device)
     rows = read_rows(cfg.data, cfg.limit)
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)
     model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32).to(cfg.device)

@@ -1,6 +1,6 @@
 """A functional ES step over a named fp32 parameter set: ``init``, ``ask``, ``tell``.
 
-    state = init(cfg, params)
+    state = init(cfg, params, seed)
     for each iteration:
         members = ask(cfg, state)                      # (direction, sign) per member
         rewards_N_P = evaluate(perturbed_params(cfg, state, m) for m in members)
@@ -14,93 +14,100 @@ tensor name (their per-tensor reseeding with one seed correlates tensors). ``kin
 the perturbation (``populations.perturbations``): full-rank noise, or EGGROLL's rank-r
 ``A B^T / sqrt(r)`` on matrices (``populations.lowrank``).
 
-Only ``(run_seed, iteration)`` and ``rewards_N_P`` enter ``tell``, so every rank that holds the
-same state and rewards computes a bitwise identical next state (seed-only communication).
+Only the state's ``(seed, iteration)`` and ``rewards_N_P`` enter ``tell``, so every rank
+that holds the same state and rewards computes a bitwise identical next state (seed-only
+communication).
 The state is immutable; ``tell`` returns a new one and never mutates its input.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Mapping
 
 import torch
 
 from populations.estimators import direction_coefficients
 from populations.numbers import is_finite_number
-from populations.noise import Member, NoiseFn, check_noise_device, population
+from populations.noise import NOISE_DEVICES, Member, NoiseFn, check_noise_device, population
 from populations.optimizers import OptimizerConfig, OptimizerState, make_optimizer
 from populations.perturbations import (VECTOR_MODES, KindInput, Perturbation, kind_names,
                                        perturbation)
+from populations.settings import SettingError, choice
 from populations.shaping import shape_fitness, shaping_names
 
 
 @dataclass(frozen=True)
-class ESConfig:
-    """The model-free ES settings; validated on construction (ValueError)."""
+class ESConfig(OptimizerConfig):
+    """The ES settings: the optimizer's (inherited from ``OptimizerConfig``: ``optimizer``,
+    ``lr``, ``betas``, ``eps``, ``anchor_decay``) and the population's below. It is the
+    ``es`` section of an ES run's config as it is; validated on construction
+    (``SettingError``, a ValueError naming the field)."""
 
-    # Population size N: the rows of rewards_N_P.
+    # Population size N (members per iteration; the rows of rewards_N_P); even when
+    # antithetic.
     population: int = 30
-    # Perturbation scale: member n is evaluated at theta + s_n * sigma * eps_{d_n}.
+    # Noise scale: a member's weights are master + sigma * eps.
     sigma: float = 1e-3
-    # Mirrored pairs (+eps, -eps) share a direction; needs an even population.
-    antithetic: bool = True
-    # Registered fitness shaping: zscore, centered_rank, group_zscore, pair_diff or raw.
-    shaping: str = "zscore"
-    # Divide the estimate by sigma (textbook); False folds 1/sigma into lr as Qiu et al. do.
+    # Mirrored pairs (eps, -eps) share one noise draw.
+    antithetic: bool = False
+    # Fitness shaping: zscore, centered_rank, group_zscore, pair_diff (antithetic) or raw.
+    shaping: str = choice("zscore", shaping_names)
+    # Divide the estimate by sigma (textbook); false folds 1/sigma into lr as Qiu et al. do.
     divide_by_sigma: bool = False
-    # Root of every noise key; with the iteration it fixes every perturbation of the run.
-    run_seed: int = 0
-    # Update rule applied to the estimate (ascent).
-    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
-    # Where noise is drawn: "cpu" (the same values on every machine) or "cuda" (fast on an
-    # accelerator, different values; see noise.gaussian).
-    noise_device: str = "cpu"
-    # Perturbation kind (populations.perturbations): full or lowrank.
-    kind: str = "full"
-    # Rank r of each matrix's perturbation under kind "lowrank".
+    # Where noise is drawn: cpu (the same values on every machine) or cuda (much faster on a
+    # GPU, but different values, so a run's ledger then replays only on CUDA machines).
+    noise_device: str = choice("cpu", lambda: NOISE_DEVICES)
+    # Perturbation: full (i.i.d. noise on every evolving tensor) or lowrank (rank-r noise
+    # A B^T / sqrt(r) on matrices, EGGROLL).
+    kind: str = choice("full", kind_names)
+    # Rank r of each matrix's perturbation with kind=lowrank (at most min(out, in)).
     rank: int = 1
-    # Non-matrix tensors under kind "lowrank": frozen or full (i.i.d. noise).
-    vectors: str = "frozen"
+    # With kind=lowrank, non-matrix parameters (norm weights, biases): frozen or full noise.
+    vectors: str = choice("frozen", lambda: VECTOR_MODES)
 
     def __post_init__(self):
-        population(self.population, self.antithetic)  # raises on a bad or odd-antithetic N
+        super().__post_init__()  # the optimizer's fields, and every choice field of this one
+        try:
+            population(self.population, self.antithetic)  # a positive int, even if mirrored
+        except ValueError as exc:
+            raise SettingError("population", str(exc)) from None
+        if self.population < 2:
+            raise SettingError("population", "population must be at least 2 (one member gives "
+                                             "no estimate)")
         if not (is_finite_number(self.sigma) and self.sigma > 0):
-            raise ValueError(f"sigma must be a positive number, got {self.sigma!r}")
-        if self.shaping not in shaping_names():
-            raise ValueError(f"unknown fitness shaping {self.shaping!r}; choose one of "
-                             f"{', '.join(shaping_names())}")
-        if not isinstance(self.run_seed, int) or isinstance(self.run_seed, bool):
-            raise ValueError(f"run_seed must be an int, got {self.run_seed!r}")
-        check_noise_device(self.noise_device)
-        if not isinstance(self.optimizer, OptimizerConfig):
-            raise ValueError(f"optimizer must be an OptimizerConfig, got {self.optimizer!r}")
-        if self.kind not in kind_names():
-            raise ValueError(f"unknown perturbation kind {self.kind!r}; choose one of "
-                             f"{', '.join(kind_names())}")
+            raise SettingError("sigma", f"sigma must be a positive number, got {self.sigma!r}")
         if not isinstance(self.rank, int) or isinstance(self.rank, bool) or self.rank < 1:
-            raise ValueError(f"rank must be an int >= 1, got {self.rank!r}")
-        if self.vectors not in VECTOR_MODES:
-            raise ValueError(f"unknown vectors mode {self.vectors!r}; choose one of "
-                             f"{', '.join(VECTOR_MODES)}")
+            raise SettingError("rank", f"rank must be an int >= 1, got {self.rank!r}")
         if self.shaping == "pair_diff" and not self.antithetic:
-            raise ValueError("shaping 'pair_diff' needs antithetic pairs (antithetic=True)")
+            raise SettingError("shaping", "shaping pair_diff needs antithetic pairs "
+                                          "(antithetic=true)")
+        try:
+            check_noise_device(self.noise_device)
+        except ValueError as exc:
+            raise SettingError("noise_device", str(exc)) from None
 
 
 @dataclass(frozen=True)
 class ESState:
-    """fp32 master ``params``, the optimizer's state, and the next ``iteration`` to run."""
+    """fp32 master ``params``, the optimizer's state, the run ``seed`` (the root of every
+    noise key: with the iteration it fixes every perturbation of the run) and the next
+    ``iteration`` to run."""
 
     params: Mapping[str, torch.Tensor]
     opt: OptimizerState
+    seed: int
     iteration: int = 0
 
 
-def init(cfg: ESConfig, params: Mapping[str, torch.Tensor]) -> ESState:
-    """The state before iteration 0: an fp32 copy of ``params`` (any dtype, any device)."""
+def init(cfg: ESConfig, params: Mapping[str, torch.Tensor], seed: int) -> ESState:
+    """The state before iteration 0 of a run seeded ``seed``: an fp32 copy of ``params``
+    (any dtype, any device)."""
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise ValueError(f"seed must be an int, got {seed!r}")
     master = {k: v.detach().to(torch.float32, copy=True) for k, v in params.items()}
-    return ESState(master, make_optimizer(cfg.optimizer).init(master), 0)
+    return ESState(master, make_optimizer(cfg).init(master), seed, 0)
 
 
 def ask(cfg: ESConfig, state: ESState) -> tuple[Member, ...]:
@@ -108,31 +115,35 @@ def ask(cfg: ESConfig, state: ESState) -> tuple[Member, ...]:
     return population(cfg.population, cfg.antithetic)
 
 
-def perturbation_of(cfg: ESConfig, iteration: int) -> Perturbation:
-    """The perturbation (``cfg.kind``) of ``iteration``: its dense noise and its estimate."""
-    return perturbation(cfg.kind, KindInput(cfg.run_seed, iteration, cfg.rank, cfg.vectors,
-                                            cfg.noise_device))
+def perturbation_of(cfg: ESConfig, state: ESState) -> Perturbation:
+    """The perturbation (``cfg.kind``) of ``state.iteration``: its dense noise and its
+    estimate."""
+    return perturbation(cfg.kind, KindInput(state.seed, state.iteration, cfg.rank,
+                                            cfg.vectors, cfg.noise_device))
 
 
 def noise_for(cfg: ESConfig, state: ESState) -> NoiseFn:
     """``(direction, name, shape) -> eps`` (fp32) for ``state.iteration``: a member with
     sign s is evaluated at ``theta + s * sigma * eps``."""
-    return perturbation_of(cfg, state.iteration).dense
+    return perturbation_of(cfg, state).dense
 
 
 def perturb(theta: torch.Tensor, eps: torch.Tensor, sign: int, sigma: float, *,
             dtype: torch.dtype | None = None) -> torch.Tensor:
     """``theta + sign * sigma * eps`` computed in fp32, then cast to ``dtype`` (default:
-    theta's). Built from the fp32 master each time, so "restoring" a low-precision serving
-    copy is a re-cast and exact, unlike add-then-subtract in bf16/fp16."""
+    theta's): one tensor of a member's weights, the one function that computes them (the
+    engine writes each served tensor with it, ``es_llm.es.weights``). Built from the fp32
+    master each time, so "restoring" a low-precision serving copy is a re-cast and exact,
+    unlike add-then-subtract in bf16/fp16."""
     out = theta.to(torch.float32) + (sign * sigma) * eps.to(theta.device, torch.float32)
     return out.to(dtype or theta.dtype)
 
 
 def perturbed_params(cfg: ESConfig, state: ESState, member: Member, *,
                      dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
-    """Every tensor of ``member``'s perturbed parameters (for small models and tests; an LLM
-    engine perturbs one tensor at a time with ``perturb`` instead)."""
+    """Every tensor of ``member``'s perturbed parameters at once (a small model's whole
+    member, as ``scripts/minimal_es.py`` evaluates it; an LLM engine writes one served
+    tensor at a time with ``perturb`` instead)."""
     eps_for = noise_for(cfg, state)
     return {k: perturb(v, eps_for(member.direction, k, v.shape), member.sign, cfg.sigma,
                        dtype=dtype) for k, v in state.params.items()}
@@ -179,10 +190,10 @@ def tell(cfg: ESConfig, state: ESState, rewards_N_P: torch.Tensor,
     weights_N = shape_fitness(cfg.shaping, rewards_N_P, groups_N_P=groups_N_P)
     sigma = cfg.sigma if cfg.divide_by_sigma else None
     coefs = direction_coefficients(weights_N, ask(cfg, state), sigma=sigma)
-    pert = perturbation_of(cfg, state.iteration)
+    pert = perturbation_of(cfg, state)
     grads = {k: pert.estimate(coefs, k, v.shape, device=v.device)
              for k, v in state.params.items()}
-    params, opt = make_optimizer(cfg.optimizer).update(grads, state.opt, state.params)
+    params, opt = make_optimizer(cfg).update(grads, state.opt, state.params)
 
     fitness_N = rewards_N_P.detach().to("cpu", torch.float64).mean(dim=1)
     update_norm = _norm({k: params[k] - state.params[k] for k in params})
@@ -199,4 +210,4 @@ def tell(cfg: ESConfig, state: ESState, rewards_N_P: torch.Tensor,
         "update_ratio": ratio,
         "directions": float(len(coefs)),
     }
-    return ESState(params, opt, state.iteration + 1), metrics
+    return ESState(params, opt, state.seed, state.iteration + 1), metrics

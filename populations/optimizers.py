@@ -28,6 +28,7 @@ import torch
 
 from populations.numbers import is_finite_number
 from populations.registry import Registry
+from populations.settings import SettingError, check_choices, choice
 
 Params = Mapping[str, torch.Tensor]
 
@@ -42,34 +43,36 @@ _RULES: Registry[_Rule] = Registry("optimizer")
 
 @dataclass(frozen=True)
 class OptimizerConfig:
-    """Which optimizer and its hyperparameters; validated on construction (ValueError)."""
+    """Which optimizer and its hyperparameters; validated on construction (``SettingError``,
+    a ValueError). ``es.ESConfig`` extends it, so these are flat keys of a run's ``es``."""
 
-    # Registered rule: sgd or adam.
-    name: str = "sgd"
-    # Step size alpha; with ES and sigma folded in, Qiu et al. use alpha = sigma / 2.
+    # Optimizer on the estimate: sgd or adam.
+    optimizer: str = choice("sgd", lambda: optimizer_names())
+    # Step size alpha of the update (the 1/sigma of the textbook estimator is folded in, as in
+    # Qiu et al. 2025: theta += alpha / N * sum_n z_n eps_n; they use alpha = sigma / 2).
     lr: float = 5e-4
     # Adam's decay rates of the first and second moment estimates.
     betas: tuple[float, float] = (0.9, 0.999)
     # Adam's denominator term, added to sqrt(v_hat).
     eps: float = 1e-8
-    # Anchored weight decay lambda: pull of lr * lambda * (theta - theta0) per step; 0 = off.
+    # Weight decay toward the initial weights: a pull of lr * anchor_decay * (theta - theta0)
+    # per step (0 = off).
     anchor_decay: float = 0.0
 
     def __post_init__(self):
         if isinstance(self.betas, list):
             object.__setattr__(self, "betas", tuple(self.betas))
-        if self.name not in _RULES:
-            raise ValueError(f"unknown optimizer {self.name!r}; choose one of "
-                             f"{', '.join(optimizer_names())}")
+        check_choices(self)
         if not (is_finite_number(self.lr) and self.lr > 0):
-            raise ValueError(f"lr must be a positive number, got {self.lr!r}")
+            raise SettingError("lr", f"lr must be a positive number, got {self.lr!r}")
         if not (len(self.betas) == 2 and all(is_finite_number(b) and 0 <= b < 1 for b in self.betas)):
-            raise ValueError(f"betas must be two numbers in [0, 1), got {self.betas!r}")
+            raise SettingError("betas", f"betas must be two numbers in [0, 1), got {self.betas!r}")
         if not (is_finite_number(self.eps) and self.eps > 0):
             # eps = 0 would make Adam's 0 / 0 a NaN wherever a gradient stays exactly 0.
-            raise ValueError(f"eps must be a positive number, got {self.eps!r}")
+            raise SettingError("eps", f"eps must be a positive number, got {self.eps!r}")
         if not (is_finite_number(self.anchor_decay) and self.anchor_decay >= 0):
-            raise ValueError(f"anchor_decay must be a number >= 0, got {self.anchor_decay!r}")
+            raise SettingError("anchor_decay", f"anchor_decay must be a number >= 0, got "
+                                               f"{self.anchor_decay!r}")
 
 
 @dataclass(frozen=True)
@@ -139,7 +142,7 @@ def _check_fp32(params: Params, what: str) -> None:
 
 def _init(cfg: OptimizerConfig, params: Params) -> OptimizerState:
     _check_fp32(params, "params")
-    rule = _RULES.get(cfg.name)
+    rule = _RULES.get(cfg.optimizer)
     slots = {}
     for name, p in params.items():
         s = {k: torch.zeros_like(p) for k in rule.slots}
@@ -157,7 +160,7 @@ def _update(cfg: OptimizerConfig, grads: Params, state: OptimizerState,
                          f"mismatched names: {sorted(mismatched)[:5]}")
     _check_fp32(params, "params")
     _check_fp32(grads, "grads")
-    rule, count = _RULES.get(cfg.name), state.count + 1
+    rule, count = _RULES.get(cfg.optimizer), state.count + 1
     new_params, new_slots = {}, {}
     for name, p in params.items():
         slots = state.slots[name]

@@ -33,13 +33,12 @@ def main() -> None:
     prompts = [r["prompt"] for r in read_jsonl(path / "data" / "countdown_eval.jsonl")][:args.prompts]
     params = SamplingParams(n=args.n, temperature=1.0, max_tokens=args.max_tokens, seed=0)
 
-    from es_llm.backends.hf import HFBackend
-    from es_llm.backends.vllm_backend import VLLMBackend
+    from es_llm.backends import BackendSpec, make_backend
     t0 = time.perf_counter()
-    hf = HFBackend(str(path))
+    hf = make_backend(BackendSpec(str(path), backend="hf"))
     hf_start = time.perf_counter() - t0
     t0 = time.perf_counter()
-    vl = VLLMBackend(str(path))
+    vl = make_backend(BackendSpec(str(path), backend="vllm"))
     vl_start = time.perf_counter() - t0
     vl.generate(prompts[:8], params)  # warm-up: first-call kernel set-up is not throughput
 

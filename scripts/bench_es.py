@@ -15,7 +15,7 @@ Measures (record the output in docs/benchmarks.md with the machine):
 5. ES population throughput (samples/s) against plain generation of the same prompts and
    sample count on the same backend, without ES.
 
-``--lowrank`` measures low-rank ES instead (es.kind=lowrank, es.serve=rows, HF backend):
+``--lowrank`` measures low-rank ES instead (es.kind=lowrank, engine.serve=rows, HF backend):
 6. population throughput against plain batched generation of the same sequences in the
    same batches, without the member terms;
 7. low-rank against full-rank ES at the same population and prompts per member, in
@@ -52,10 +52,10 @@ import torch
 
 from es_llm.backends.base import SamplingParams
 from es_llm.comm.serial import SerialComm
-from es_llm.es.config import ESRunConfig, ESSettings
-from es_llm.es.engine import es_config, evaluate_members, member_prompts, prompt_batch
+from es_llm.es.config import EngineSettings, ESRunConfig
+from es_llm.es.engine import evaluate_members, member_prompts, prompt_batch
 from es_llm.es.setup import build_edges
-from es_llm.evaluate import resolve_training_data
+from es_llm.models import resolve_training_data
 from es_llm.tasks import TaskConfig
 from es_llm.testbed.build import model_or_testbed
 from populations import es as pes
@@ -108,10 +108,9 @@ def qwen_shaped_model(out: Path, device: str, dtype: str) -> Path:
 
 def in_process(cfg: ESRunConfig, repeats: int) -> dict:
     edges, problems = build_edges(cfg, SerialComm())
-    es_cfg = es_config(cfg)
-    state = pes.init(es_cfg, edges.weights.master)
-    members = pes.ask(es_cfg, state)
-    eps_for = pes.noise_for(es_cfg, state)
+    state = pes.init(cfg.es, edges.weights.master, cfg.seed)
+    members = pes.ask(cfg.es, state)
+    eps_for = pes.noise_for(cfg.es, state)
     shapes = edges.weights.shapes()
     batch = prompt_batch(problems, cfg, 0)
     params = SamplingParams(n=1, temperature=0.0, max_tokens=cfg.max_tokens, seed=cfg.seed)
@@ -123,11 +122,11 @@ def in_process(cfg: ESRunConfig, repeats: int) -> dict:
 
     def pair():  # what evaluate_members does per mirrored pair, without the generation
         eps = {n: eps_for(1, n, s) for n, s in shapes.items()}
-        edges.weights.perturb(lambda name, shape: eps[name], sigma)
-        edges.weights.perturb(lambda name, shape: eps[name], -sigma)
+        edges.weights.perturb(lambda name, shape: eps[name], +1, sigma)
+        edges.weights.perturb(lambda name, shape: eps[name], -1, sigma)
         edges.weights.restore()
 
-    t_perturb_restore = timed(lambda: (edges.weights.perturb(noise, sigma),
+    t_perturb_restore = timed(lambda: (edges.weights.perturb(noise, +1, sigma),
                                        edges.weights.restore()), repeats)
     t_pair = timed(pair, repeats)
     t_generate = timed(lambda: edges.backend.generate(prompts, params), repeats)
@@ -143,8 +142,8 @@ def in_process(cfg: ESRunConfig, repeats: int) -> dict:
 
 
     t_plain = timed(lambda: [edges.backend.generate(prompts, params) for _ in members], 1)
-    t_es = timed(lambda: evaluate_members(edges, es_cfg, state, members, batch, cfg), 1)
-    rewards = evaluate_members(edges, es_cfg, state, members, batch, cfg)
+    t_es = timed(lambda: evaluate_members(edges, state, members, batch, cfg), 1)
+    rewards = evaluate_members(edges, state, members, batch, cfg)
     # What crosses the wire in one exchange of 2 ranks (es_llm.comm.mpi): rank 1 sends rank 0
     # its members' rewards, rank 0 sends back every rank's.
     parts = [{n: r for n, r in rewards.items() if members[n].direction % 2 == rank}
@@ -185,46 +184,45 @@ def lowrank_cfg(model: str, args, population: int) -> ESRunConfig:
         model=model, task=TaskConfig(name="countdown"), backend="hf", device=args.device,
         dtype=args.dtype, max_tokens=args.max_tokens,
         prompts_per_iteration=max(k, population // 8 * k),
-        es=ESSettings(population=population, sigma=0.01, lr=0.005, antithetic=True,
-                      kind="lowrank", rank=args.rank, serve="rows", prompts_per_member=k,
-                      members_per_call=args.members_per_call, noise_device=args.noise_device)))
+        es=pes.ESConfig(population=population, sigma=0.01, lr=0.005, antithetic=True,
+                        kind="lowrank", rank=args.rank, noise_device=args.noise_device),
+        engine=EngineSettings(serve="rows", prompts_per_member=k,
+                              members_per_call=args.members_per_call)))
 
 
 def lowrank_setup(model: str, args, population: int):
     """The run, its edges, and iteration 0's state, members and prompt batch."""
     cfg = lowrank_cfg(model, args, population)
     edges, problems = build_edges(cfg, SerialComm())
-    es_cfg = es_config(cfg)
-    state = pes.init(es_cfg, edges.weights.master)
-    return cfg, edges, es_cfg, state, pes.ask(es_cfg, state), prompt_batch(problems, cfg, 0)
+    state = pes.init(cfg.es, edges.weights.master, cfg.seed)
+    return cfg, edges, state, pes.ask(cfg.es, state), prompt_batch(problems, cfg, 0)
 
 
 def lowrank_throughput(model: str, args) -> dict:
     """Items 6 and 7 at ``--population`` members."""
-    cfg, edges, es_cfg, state, members, batch = lowrank_setup(model, args, args.population)
+    cfg, edges, state, members, batch = lowrank_setup(model, args, args.population)
     params = SamplingParams(n=1, temperature=0.0, max_tokens=cfg.max_tokens, seed=cfg.seed)
-    assigned = member_prompts(members, len(batch), cfg.es.prompts_per_member)
+    assigned = member_prompts(members, len(batch), cfg.engine.prompts_per_member)
     rows = [batch[i].prompt for m in members for i in assigned[m.index]]
-    per_call = cfg.es.members_per_call * cfg.es.prompts_per_member
+    per_call = cfg.engine.members_per_call * cfg.engine.prompts_per_member
 
     def plain():
         for start in range(0, len(rows), per_call):
             edges.backend.generate(rows[start:start + per_call], params)
 
-    plain(), evaluate_members(edges, es_cfg, state, members, batch, cfg)  # warm up
+    plain(), evaluate_members(edges, state, members, batch, cfg)  # warm up
     t_plain = timed(plain, args.repeats)
-    t_rows = timed(lambda: evaluate_members(edges, es_cfg, state, members, batch, cfg),
-                   args.repeats)
-    rewards_N_P = torch.rand(len(members), cfg.es.prompts_per_member, dtype=torch.float64,
+    t_rows = timed(lambda: evaluate_members(edges, state, members, batch, cfg), args.repeats)
+    rewards_N_P = torch.rand(len(members), cfg.engine.prompts_per_member, dtype=torch.float64,
                              generator=torch.Generator().manual_seed(0))
-    t_tell = timed(lambda: pes.tell(es_cfg, state, rewards_N_P), args.repeats)
+    t_tell = timed(lambda: pes.tell(cfg.es, state, rewards_N_P), args.repeats)
     # Full rank at the same members and prompts: each member's weights written, then its
     # prompts generated (the only way full-rank members can be served).
-    full = dataclasses.replace(cfg, es=dataclasses.replace(cfg.es, kind="full", serve="weights"))
+    full = dataclasses.replace(cfg, es=dataclasses.replace(cfg.es, kind="full"),
+                               engine=dataclasses.replace(cfg.engine, serve="weights"))
     f_edges, _ = build_edges(full, SerialComm())
-    f_cfg = es_config(full)
-    f_state = pes.init(f_cfg, f_edges.weights.master)
-    t_full = timed(lambda: evaluate_members(f_edges, f_cfg, f_state, members, batch, full), 1)
+    f_state = pes.init(full.es, f_edges.weights.master, full.seed)
+    t_full = timed(lambda: evaluate_members(f_edges, f_state, members, batch, full), 1)
     for e in (edges, f_edges):
         e.task.close()
     return {"parameters": sum(t.numel() for t in edges.weights.master.values()),
@@ -236,15 +234,15 @@ def peak_memory_child(model: str, args) -> None:
     """Item 8, run as its own process: one low-rank iteration at ``--peak-population``."""
     import resource
 
-    cfg, edges, es_cfg, state, members, batch = lowrank_setup(model, args, args.peak_population)
+    cfg, edges, state, members, batch = lowrank_setup(model, args, args.peak_population)
     loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     t0 = time.perf_counter()
-    out = evaluate_members(edges, es_cfg, state, members, batch, cfg)
+    out = evaluate_members(edges, state, members, batch, cfg)
     t_eval = time.perf_counter() - t0
     rewards_N_P = torch.tensor([out[n][0] for n in range(len(members))], dtype=torch.float64)
-    groups_N_P = torch.tensor(member_prompts(members, len(batch), cfg.es.prompts_per_member))
+    groups_N_P = torch.tensor(member_prompts(members, len(batch), cfg.engine.prompts_per_member))
     t0 = time.perf_counter()
-    pes.tell(es_cfg, state, rewards_N_P, groups_N_P)
+    pes.tell(cfg.es, state, rewards_N_P, groups_N_P)
     print(json.dumps({"loaded_kb": loaded, "peak_kb": resource.getrusage(
         resource.RUSAGE_SELF).ru_maxrss, "eval_s": t_eval, "tell_s": time.perf_counter() - t0,
         "samples": rewards_N_P.numel()}))
@@ -259,10 +257,10 @@ def vllm_lora_throughput(model: str, args, tmp: Path) -> dict:
     as vLLM's LoRA does not cover a tied embedding."""
     from safetensors.torch import save_file
 
-    from es_llm.backends.vllm_backend import VLLMBackend
+    from es_llm.backends import BackendSpec, make_backend
 
-    cfg, edges, es_cfg, state, members, batch = lowrank_setup(model, args, args.population)
-    assigned = member_prompts(members, len(batch), cfg.es.prompts_per_member)
+    cfg, edges, state, members, batch = lowrank_setup(model, args, args.population)
+    assigned = member_prompts(members, len(batch), cfg.engine.prompts_per_member)
     linear = [n for n in edges.rows.matrices if "embed" not in n]
     targets = sorted({n.split(".")[-2] for n in linear})
     factors_for = lowrank.keyed_factors(cfg.seed, 0, args.rank)
@@ -289,12 +287,12 @@ def vllm_lora_throughput(model: str, args, tmp: Path) -> dict:
     from vllm import SamplingParams as VSP
     from vllm.lora.request import LoRARequest
 
-    backend = VLLMBackend(model, dtype=args.dtype, prefix_caching=False, engine_args={
-        "enable_lora": True, "max_loras": args.members_per_call,
-        "max_lora_rank": next(r for r in VLLM_LORA_RANKS if r >= args.rank)})
+    backend = make_backend(BackendSpec(model, backend="vllm", dtype=args.dtype, engine_args={
+        "enable_prefix_caching": False, "enable_lora": True, "max_loras": args.members_per_call,
+        "max_lora_rank": next(r for r in VLLM_LORA_RANKS if r >= args.rank)}))
     rows = [(m, batch[i].prompt) for m in members for i in assigned[m.index]]
     params = VSP(temperature=0.0, max_tokens=args.max_tokens)
-    per_call = args.members_per_call * cfg.es.prompts_per_member
+    per_call = args.members_per_call * cfg.engine.prompts_per_member
 
     def plain():
         texts = []
@@ -427,8 +425,8 @@ def main() -> None:
         model=str(path), task=TaskConfig(name="countdown"), backend=args.backend,
         prompts_per_iteration=args.prompts, max_tokens=args.max_tokens, device=args.device,
         dtype=args.dtype,
-        es=ESSettings(population=args.population, sigma=0.01, lr=0.005, antithetic=True,
-                      noise_device=args.noise_device)))
+        es=pes.ESConfig(population=args.population, sigma=0.01, lr=0.005, antithetic=True,
+                        noise_device=args.noise_device)))
     r = in_process(cfg, args.repeats)
     shutil.rmtree(tmp, ignore_errors=True)
     gpu = f", {torch.cuda.get_device_name()}" if args.device == "cuda" else ""

@@ -38,10 +38,10 @@ def _timed(backend, prompts: list[str], params: SamplingParams) -> tuple[float, 
 
 def _one_vllm_call(model: str, prompts: int, n: int, max_tokens: int) -> None:
     """The --vllm-once mode: one engine, a warm-up, one timed call; prints JSON."""
-    from es_llm.backends.vllm_backend import VLLMBackend
+    from es_llm.backends import BackendSpec, make_backend
 
     params = SamplingParams(n=n, temperature=1.0, max_tokens=max_tokens, seed=0)
-    engine = VLLMBackend(model)
+    engine = make_backend(BackendSpec(model, backend="vllm"))
     texts = _prompts(Path(model), prompts)
     engine.generate(texts[:8], params)
     seconds, tokens = _timed(engine, texts, params)
@@ -76,8 +76,9 @@ def main() -> None:
     backends = args.backends.split(",")
     results: dict[tuple[str, str], list[tuple[float, int]]] = {}
     if "hf" in backends:
-        from es_llm.backends.hf import HFBackend
-        engines = {name: HFBackend(str(path)) for name, path in models.items()}
+        from es_llm.backends import BackendSpec, make_backend
+        engines = {name: make_backend(BackendSpec(str(path), backend="hf"))
+                   for name, path in models.items()}
         for engine in engines.values():
             engine.generate(prompts[:8], params)
         for _ in range(args.repeats):

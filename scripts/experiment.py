@@ -36,8 +36,9 @@ from es_llm.config import (MACHINE_KEY, check_choices, choice, dump_yaml, load_c
 from es_llm.errors import BadInput
 from es_llm.es.command import RESUME_KEYS as ES_RESUME_KEYS
 from es_llm.es.config import ESRunConfig
-from es_llm.evaluate import SamplingConfig, resolve_training_data
+from es_llm.evaluate import SamplingConfig
 from es_llm.io import complete_jsonl_rows, write_text_atomic
+from es_llm.models import resolve_training_data
 from es_llm.run_folder import check_out_path
 from es_llm.stage_runner import Runner, es_llm_command, finished
 from es_llm.tasks import task_names

@@ -21,7 +21,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from populations import es  # noqa: E402
-from populations.optimizers import OptimizerConfig  # noqa: E402
 
 VOCAB, WIDTH, LENGTH, TARGET = 16, 32, 8, 7
 
@@ -63,9 +62,8 @@ def main(argv: list[str] | None = None) -> dict:
     torch.set_num_threads(1)
     model = TinyLM(torch.Generator().manual_seed(args.seed))
     cfg = es.ESConfig(population=args.population, sigma=0.1, antithetic=True,
-                      shaping="centered_rank", run_seed=args.seed,
-                      optimizer=OptimizerConfig(name="sgd", lr=0.05))
-    state = es.init(cfg, dict(model.named_parameters()))
+                      shaping="centered_rank", optimizer="sgd", lr=0.05)
+    state = es.init(cfg, dict(model.named_parameters()), args.seed)
     prompts_P = torch.arange(VOCAB)  # every token once as a one-token prompt
     before = float(greedy_reward_P(model, state.params, prompts_P).mean())
     for _ in range(args.iterations):

@@ -28,9 +28,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", help="also write the figures to this JSON file")
     args = ap.parse_args(argv)
     try:
-        from es_llm.backends.hf import HFBackend
-        from es_llm.evaluate import check_model_path
+        from es_llm.backends import BackendSpec, make_backend
         from es_llm.io import write_json_atomic
+        from es_llm.models import check_model_path
         from es_llm.tasks import TaskConfig, build_task
         from es_llm.testtime.role_accuracy import role_accuracy
         from es_llm.testtime.roles import check_roles
@@ -44,7 +44,8 @@ def main(argv: list[str] | None = None) -> int:
         if any("reference" not in p.meta for p in problems):
             raise BadInput(f"{data!r}: every problem needs a worked 'reference' solution (the "
                            f"testbed's held-out files and scripts/unseen_countdown.py have one).")
-        figures = role_accuracy(HFBackend(args.model), problems, seed=args.seed)
+        backend = make_backend(BackendSpec(args.model, backend="hf"))
+        figures = role_accuracy(backend, problems, seed=args.seed)
     except BadInput as exc:
         print(f"role_accuracy: error: {exc}", file=sys.stderr)
         return 2

@@ -72,7 +72,7 @@ CASES = [
     *[Case(c, "es", overrides=(*_ES, SEVENS)) for c in
       ("es_countdown.yaml", "es_countdown_ci.yaml", "es_countdown_habits.yaml")],
     *[Case(c, "es", overrides=("iterations=3", "es.population=8", "prompts_per_iteration=4",
-                               "es.members_per_call=8", "max_tokens=8", "checkpoint_every=100",
+                               "engine.members_per_call=8", "max_tokens=8", "checkpoint_every=100",
                                "checksum_every=100", SEVENS))
       for c in ("es_countdown_lowrank.yaml", "es_countdown_lowrank_ci.yaml")],
     *[Case(f"es_{d}{s}.yaml", "es", d, tuple(_ES)) for d in ("code", "chess")

@@ -50,16 +50,16 @@ def vllm_engine(ci_testbed):
     (worker extension, no prefix caching). In-process engines share vLLM's global parallel
     state, so tests must not start a second one or tear this one down early."""
     pytest.importorskip("vllm")
-    from es_llm.backends.vllm_backend import VLLMBackend
+    from es_llm.backends import BackendSpec, make_backend
 
-    return VLLMBackend(str(ci_testbed), for_es=True)
+    return make_backend(BackendSpec(str(ci_testbed), backend="vllm", weights="es"))
 
 
 @pytest.fixture(scope="session")
 def hf_engine(ci_testbed):
-    from es_llm.backends.hf import HFBackend
+    from es_llm.backends import BackendSpec, make_backend
 
-    return HFBackend(str(ci_testbed))
+    return make_backend(BackendSpec(str(ci_testbed), backend="hf"))
 
 
 @pytest.fixture(scope="session")

@@ -1,12 +1,16 @@
-"""The two generation backends: same parameters, same outputs."""
+"""The generation backends: the factory's choice and device check, and the two engines
+taking the same parameters to the same outputs."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from es_llm.backends import BackendSpec, choose_backend, make_backend
+from es_llm.backends import factory
 from es_llm.backends.base import SamplingParams
 from es_llm.backends.hf import nucleus_sample
+from es_llm.io import SAMPLING_FILE
 from es_llm.errors import BadInput
 from es_llm.io import read_jsonl
 
@@ -32,6 +36,77 @@ def test_sampling_params_are_validated():
         SamplingParams(temperature=-1)
     with pytest.raises(BadInput, match="top_p"):
         SamplingParams(top_p=0)
+
+
+ROWS = "engine.serve=rows runs the population inside the HF decoding loop"
+
+
+@pytest.fixture
+def folders(tmp_path):
+    """A causal and a masked-diffusion model folder, as far as the choice reads them."""
+    causal, diffusion = tmp_path / "causal", tmp_path / "diffusion"
+    causal.mkdir()
+    diffusion.mkdir()
+    (diffusion / SAMPLING_FILE).write_text("{}")
+    return {"causal": str(causal), "diffusion": str(diffusion), "memory": None}
+
+
+# (folder, setting, vLLM installed, hf-only reason) -> the backend, or a fragment of the refusal.
+CHOICES = [
+    ("causal", "auto", True, None, "vllm"),
+    ("causal", "auto", False, None, "hf"),
+    ("causal", "hf", True, None, "hf"),
+    ("causal", "vllm", True, None, "vllm"),
+    ("causal", "vllm", False, None, "vLLM is not installed"),
+    ("causal", "auto", True, ROWS, "hf"),
+    ("causal", "vllm", True, ROWS, ROWS),
+    ("diffusion", "auto", True, None, "diffusion"),
+    ("diffusion", "hf", False, None, "diffusion"),
+    ("diffusion", "vllm", True, None, "masked-diffusion model, which the vllm backend"),
+    ("diffusion", "auto", True, ROWS, ROWS),
+    ("memory", "auto", True, None, "hf"),
+    ("memory", "vllm", True, None, "loads a model folder"),
+    ("causal", "tpu", True, None, "valid choices are: auto, hf, vllm"),
+]
+
+
+@pytest.mark.parametrize("folder, name, installed, hf_only, expected", CHOICES)
+def test_the_factory_chooses_by_the_model_and_the_setting(folders, monkeypatch, folder, name,
+                                                          installed, hf_only, expected):
+    monkeypatch.setattr(factory, "vllm_available", lambda: installed)
+    spec = BackendSpec(folders[folder], backend=name, hf_only=hf_only, model=object())
+    if expected in ("vllm", "hf", "diffusion"):
+        assert spec.choice() == expected
+        assert choose_backend(name, folders[folder], hf_only) == expected
+    else:
+        with pytest.raises(BadInput, match=expected):
+            spec.choice()
+
+
+def test_the_factory_refuses_a_missing_cuda_device_before_building(ci_testbed, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(BadInput, match="device 'cuda' was asked for but torch sees no CUDA "
+                                       "device; use device=cpu"):
+        make_backend(BackendSpec(str(ci_testbed), backend="hf", device="cuda"))
+
+
+def test_the_cuda_refusal_is_written_once():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    holders = sorted(str(p.relative_to(root)) for d in ("es_llm", "gradient", "scripts")
+                     for p in (root / d).rglob("*.py") if "sees no CUDA device" in p.read_text())
+    assert holders == ["es_llm/backends/factory.py"]
+
+
+def test_the_factory_serves_a_loaded_model_as_it_is(ci_testbed):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(ci_testbed)
+    tok = AutoTokenizer.from_pretrained(ci_testbed)
+    backend = make_backend(BackendSpec(str(ci_testbed), backend="hf", model=model, tokenizer=tok,
+                                       batch_size=7))
+    assert backend.name == "hf" and backend.model is model and backend.batch_size == 7
 
 
 def test_hf_sampling_is_reproducible_from_the_seed(hf_engine, ci_testbed):

@@ -82,3 +82,44 @@ def test_exponent_floats_without_a_dot_are_numbers():
     assert cfg.es.lr == 1e-3 and cfg.es.sigma == 2e-4
     with pytest.raises(BadInput, match="must be a number"):
         load_config(ESRunConfig, overrides=["es.lr=fast"])
+
+
+@pytest.mark.parametrize("bad, key", [
+    (dict(population=3, antithetic=True, sigma=0.0), "es.population"),
+    (dict(sigma=0.0), "es.sigma"),
+    (dict(optimizer="rmsprop"), "es.optimizer"),
+    (dict(anchor_decay=-1.0), "es.anchor_decay"),
+    (dict(shaping="pair_diff"), "es.shaping"),
+])
+def test_the_loader_names_the_key_of_a_population_maths_error(bad, key):
+    # The ES section is populations.es.ESConfig, which knows nothing of config files and
+    # raises ValueError naming its field; the loader turns it into BadInput naming the key.
+    from es_llm.es.config import ESRunConfig
+    from populations.es import ESConfig
+
+    with pytest.raises(ValueError):
+        ESConfig(**bad)
+    overrides = [f"es.{k}={yaml.safe_dump(v).splitlines()[0]}" for k, v in bad.items()]
+    with pytest.raises(BadInput, match=f"^config key '{key}': "):
+        load_config(ESRunConfig, overrides=overrides)
+
+
+@dataclass(frozen=True)
+class Maths:
+    """A model-free config that validates with a plain ValueError."""
+
+    k: int = 1
+
+    def __post_init__(self):
+        if self.k < 1:
+            raise ValueError("k must be positive")
+
+
+@dataclass(frozen=True)
+class WithMaths:
+    maths: Maths = field(default_factory=Maths)
+
+
+def test_a_value_error_without_a_field_names_the_section():
+    with pytest.raises(BadInput, match="in config section 'maths': k must be positive"):
+        from_dict(WithMaths, {"maths": {"k": 0}})

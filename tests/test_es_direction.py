@@ -8,14 +8,15 @@ import pytest
 
 from es_llm.backends.base import SamplingParams
 from es_llm.comm.serial import SerialComm
-from es_llm.es.config import ESRunConfig, ESSettings
+from es_llm.es.config import EngineSettings, ESRunConfig
 from es_llm.es.engine import run
 from es_llm.es.setup import build_edges
-from es_llm.evaluate import resolve_training_data
+from es_llm.models import resolve_training_data
 from es_llm.tasks import Score, TaskConfig
 from es_llm.tasks.base import InProcessTask
 from es_llm.tasks.countdown import load_problems
 from es_llm.tasks import registry
+from populations.es import ESConfig
 
 
 class Sevens(InProcessTask):
@@ -49,17 +50,19 @@ def greedy_reward(edges, problems) -> float:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("es", [
-    ESSettings(population=16, sigma=0.02, lr=0.02, antithetic=True),
+@pytest.mark.parametrize("es, engine", [
+    (ESConfig(population=16, sigma=0.02, lr=0.02, antithetic=True), EngineSettings()),
     # Low-rank members served as rows of one batched call, each pair on its own 4 prompts.
-    ESSettings(population=128, sigma=0.02, lr=0.02, antithetic=True, kind="lowrank", rank=1,
-               serve="rows", prompts_per_member=4, members_per_call=64, shaping="pair_diff"),
+    (ESConfig(population=128, sigma=0.02, lr=0.02, antithetic=True, kind="lowrank", rank=1,
+              shaping="pair_diff"),
+     EngineSettings(serve="rows", prompts_per_member=4, members_per_call=64)),
 ], ids=["full", "lowrank"])
-def test_es_raises_a_dense_reward_on_the_ci_testbed(ci_testbed, tmp_path, sevens_task, es):
+def test_es_raises_a_dense_reward_on_the_ci_testbed(ci_testbed, tmp_path, sevens_task, es,
+                                                    engine):
     cfg = ESRunConfig(model=str(ci_testbed),
                       task=TaskConfig(name="sevens",
                                       data=str(ci_testbed / "data" / "countdown_rl.jsonl")),
-                      es=es, iterations=10, prompts_per_iteration=32, max_tokens=32,
+                      es=es, engine=engine, iterations=10, prompts_per_iteration=32, max_tokens=32,
                       backend="hf", checkpoint_every=100)
     edges, problems = build_edges(resolve_training_data(cfg), SerialComm())
     held = problems[:64]

@@ -1,5 +1,6 @@
-"""The ES engine on the ci testbed: exact perturb/restore, seeds-only MPI giving the same
-weights as one process, the run folder, and bad input."""
+"""The ES engine on the ci testbed: exact perturb/restore, members served as the library
+computes them, seeds-only MPI giving the same weights as one process, the run folder, and
+bad input."""
 
 from __future__ import annotations
 
@@ -13,10 +14,17 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from es_llm.backends.base import Completion
 from es_llm.cli import main
+from es_llm.comm.serial import SerialComm
 from es_llm.errors import BadInput
+from es_llm.es.config import ESRunConfig
+from es_llm.es.engine import Edges, evaluate_members
 from es_llm.es.weights import ModuleWeights, select_parameters
 from es_llm.io import read_jsonl
+from es_llm.tasks import Problem, Score
+from populations import es as pes
+from populations.es import ESConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 CI_CONFIG = ROOT / "configs" / "es_countdown_ci.yaml"
@@ -28,10 +36,51 @@ def test_perturb_then_restore_is_bitwise_exact(ci_testbed, dtype):
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     w = ModuleWeights(model, select_parameters(model, "all"))
     g = torch.Generator().manual_seed(0)
-    w.perturb(lambda name, shape: torch.randn(shape, generator=g), 1e-3)
+    w.perturb(lambda name, shape: torch.randn(shape, generator=g), +1, 1e-3)
     moved = sum(not torch.equal(before[n], p) for n, p in model.named_parameters())
     assert moved > 0
     w.restore()
+    for n, p in model.named_parameters():
+        assert torch.equal(before[n], p), n
+
+
+class _Recorder:
+    """A backend that records the served weights each time a member generates."""
+
+    def __init__(self, model):
+        self.model, self.served = model, []
+
+    def generate(self, prompts, params, keys=None):
+        self.served.append({n: p.detach().clone() for n, p in self.model.named_parameters()})
+        return [[Completion(text="", token_ids=(), logprobs=None, finish_reason="stop")]
+                for _ in prompts]
+
+
+class _Zero:
+    def score_many(self, pairs):
+        return [Score(reward=0.0, correct=False) for _ in pairs]
+
+
+def test_the_engine_serves_each_member_as_the_library_perturb_computes_it(ci_testbed):
+    # One function computes a member's weights: what the engine writes into the served bf16
+    # model for member m is bitwise populations.es.perturbed_params(m), and the restore at
+    # the end gives the base weights back bitwise.
+    model = AutoModelForCausalLM.from_pretrained(ci_testbed, dtype=torch.bfloat16)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    weights = ModuleWeights(model, select_parameters(model, "all"))
+    cfg = ESRunConfig(es=ESConfig(population=4, sigma=0.05, antithetic=True), seed=11)
+    recorder = _Recorder(model)
+    edges = Edges(comm=SerialComm(), model=model, tokenizer=None, weights=weights,
+                  backend=recorder, task=_Zero())
+    state = pes.init(cfg.es, weights.master, cfg.seed)
+    members = pes.ask(cfg.es, state)
+    evaluate_members(edges, state, members, [Problem("p", "prompt", None)], cfg)
+    assert len(recorder.served) == len(members)
+    for m, served in zip(members, recorder.served):
+        want = pes.perturbed_params(cfg.es, state, m, dtype=torch.bfloat16)
+        assert all(torch.equal(served[n], want[n]) for n in want), m
+    first = next(iter(before))
+    assert not torch.equal(recorder.served[0][first], before[first])  # the member moved it
     for n, p in model.named_parameters():
         assert torch.equal(before[n], p), n
 
@@ -119,10 +168,10 @@ def test_mpirun_two_ranks_gives_bitwise_the_serial_weights(ci_testbed, tmp_path,
 
 
 @pytest.mark.parametrize("override, message", [
-    ("es.sigma=0", "es.sigma must be > 0"),
-    ("es.population=7 es.antithetic=true", "must be even"),
-    ("es.params=some", "unknown es.params 'some'"),
-    ("es.shaping=best", "unknown es.shaping 'best'"),
+    ("es.sigma=0", "config key 'es.sigma': sigma must be a positive number"),
+    ("es.population=7 es.antithetic=true", "config key 'es.population': antithetic sampling needs an even"),
+    ("engine.params=some", "unknown engine.params 'some'"),
+    ("es.shaping=best", "config key 'es.shaping': unknown shaping 'best'"),
 ])
 def test_es_bad_input_exits_2(ci_testbed, tmp_path, capsys, override, message):
     code = main(["es", "--config", str(CI_CONFIG), "--out", str(tmp_path / "never"),

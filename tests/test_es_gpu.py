@@ -9,11 +9,11 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from es_llm.comm.serial import SerialComm
-from es_llm.es.config import ESRunConfig, ESSettings
-from es_llm.es.engine import es_config, read_ledger, replay, run
+from es_llm.es.config import ESRunConfig
+from es_llm.es.engine import read_ledger, replay, run
 from es_llm.es.setup import build_edges
-from es_llm.evaluate import resolve_training_data
 from es_llm.es.weights import ModuleWeights, select_parameters
+from es_llm.models import resolve_training_data
 from es_llm.tasks import TaskConfig
 from populations import es as pes
 from populations.noise import gaussian
@@ -35,7 +35,7 @@ def test_perturb_then_restore_is_bitwise_exact_on_cuda_bf16(ci_testbed):
     model = AutoModelForCausalLM.from_pretrained(ci_testbed, dtype=torch.bfloat16).cuda()
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     w = ModuleWeights(model, select_parameters(model, "all"))
-    w.perturb(lambda name, shape: gaussian(7, shape, device="cuda"), 1e-2)
+    w.perturb(lambda name, shape: gaussian(7, shape, device="cuda"), +1, 1e-2)
     assert any(not torch.equal(before[n], p) for n, p in model.named_parameters())
     w.restore()
     for n, p in model.named_parameters():
@@ -46,8 +46,8 @@ def test_es_on_cuda_raises_the_reward_and_replays_bitwise(ci_testbed, tmp_path, 
     cfg = ESRunConfig(model=str(ci_testbed),
                       task=TaskConfig(name="sevens",
                                       data=str(ci_testbed / "data" / "countdown_rl.jsonl")),
-                      es=ESSettings(population=16, sigma=0.02, lr=0.02, antithetic=True,
-                                    noise_device="cuda"),
+                      es=pes.ESConfig(population=16, sigma=0.02, lr=0.02, antithetic=True,
+                                      noise_device="cuda"),
                       iterations=10, prompts_per_iteration=32, max_tokens=32, backend="hf",
                       device="cuda", checkpoint_every=100)
     edges, problems = build_edges(resolve_training_data(cfg), SerialComm())
@@ -61,8 +61,7 @@ def test_es_on_cuda_raises_the_reward_and_replays_bitwise(ci_testbed, tmp_path, 
     # The ledger alone rebuilds the final weights from the base model, on the same device.
     base = AutoModelForCausalLM.from_pretrained(ci_testbed, dtype=torch.float32).cuda()
     base_weights = ModuleWeights(base, select_parameters(base, "all"))
-    es_cfg = es_config(cfg)
-    rebuilt = replay(es_cfg, pes.init(es_cfg, base_weights.master),
+    rebuilt = replay(cfg.es, pes.init(cfg.es, base_weights.master, cfg.seed),
                      read_ledger(tmp_path / "run"))
     for name, t in state.params.items():
         assert torch.equal(rebuilt.params[name], t), name

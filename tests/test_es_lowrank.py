@@ -63,7 +63,7 @@ def test_a_member_in_rows_equals_its_written_weights(ci_testbed):
     rows.close()
     differs = 0
     for i, (d, s) in enumerate(members):
-        weights.perturb(lambda name, shape, d=d: pert.dense(d, name, shape), s * sigma)
+        weights.perturb(lambda name, shape, d=d: pert.dense(d, name, shape), s, sigma)
         written = backend.generate(texts, params)
         with torch.no_grad():
             logits = model(input_ids=ids).logits
@@ -130,7 +130,7 @@ def test_lowrank_run_folder_and_diagnostics(serial_rows_run):
 def test_rows_and_written_weights_give_the_same_run(ci_testbed, tmp_path, serial_rows_run):
     out = tmp_path / "weights"
     done = es_cli("--config", str(LOWRANK), "--out", str(out), f"model={ci_testbed}",
-                  "es.serve=weights", "iterations=2", "checkpoint_every=100")
+                  "engine.serve=weights", "iterations=2", "checkpoint_every=100")
     assert done.returncode == 0, done.stderr[-3000:]
     # The same greedy texts, so the same rewards: the two servings are one perturbation.
     assert read_jsonl(out / "ledger.jsonl") == read_jsonl(serial_rows_run / "ledger.jsonl")[:2]
@@ -170,16 +170,16 @@ def test_lowrank_resume_after_sigkill_is_bitwise(ci_testbed, tmp_path):
 
 
 @pytest.mark.parametrize("override, message", [
-    ("es.rank=0", "es.rank must be at least 1"),
+    ("es.rank=0", "config key 'es.rank': rank must be an int >= 1"),
     ("es.rank=33", "es.rank=33 is above the rank"),
-    ("es.prompts_per_member=17", "does not fit the batch of prompts_per_iteration=16"),
-    ("es.population=63", "must be even"),
-    ("es.kind=full", "es.serve=rows needs es.kind=lowrank"),
-    ("es.vectors=full", "es.serve=rows perturbs matrices only"),
-    ("es.shaping=pair_diff es.antithetic=false", "pair_diff needs es.antithetic=true"),
-    ("es.members_per_call=3", "es.members_per_call must be a positive even number"),
-    ("backend=vllm", "es.serve=rows runs the population inside the HF decoding loop"),
-    ("es.kind=tiny", "unknown es.kind 'tiny'"),
+    ("engine.prompts_per_member=17", "does not fit the batch of prompts_per_iteration=16"),
+    ("es.population=63", "needs an even population size"),
+    ("es.kind=full", "engine.serve=rows needs es.kind=lowrank"),
+    ("es.vectors=full", "engine.serve=rows perturbs matrices only"),
+    ("es.shaping=pair_diff es.antithetic=false", "config key 'es.shaping': shaping pair_diff"),
+    ("engine.members_per_call=3", "engine.members_per_call must be even with es.antithetic"),
+    ("backend=vllm", "engine.serve=rows runs the population inside the HF decoding loop"),
+    ("es.kind=tiny", "config key 'es.kind': unknown kind 'tiny'"),
 ])
 def test_lowrank_bad_settings_exit_2(ci_testbed, tmp_path, capsys, override, message):
     code = main(["es", "--config", str(LOWRANK), "--out", str(tmp_path / "never"),

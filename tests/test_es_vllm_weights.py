@@ -53,8 +53,8 @@ def test_same_noise_gives_the_same_model_in_both_backends(es_engines, ci_testbed
     def noise(name, shape):  # member with direction 3, sign -1, on the selected tensors
         return -eps(3, name, shape) if re.search(pattern, name) else torch.zeros(shape)
 
-    hf_w.perturb(noise, 0.05)
-    vl_w.perturb(noise, 0.05)
+    hf_w.perturb(noise, +1, 0.05)
+    vl_w.perturb(noise, +1, 0.05)
     try:
         a, b = hf.generate(prompts, params), vl.generate(prompts, params)
     finally:

@@ -16,8 +16,8 @@ from safetensors.torch import load_file
 
 from es_llm.cli import main
 from es_llm.config import load_config
-from es_llm.evaluate import resolve_training_data
 from es_llm.io import read_jsonl
+from es_llm.models import resolve_training_data
 from gradient.config import GRPORunConfig
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -23,7 +23,7 @@ from es_llm.finite import (Diverged, check, check_start, check_update, finite_ro
                            last_checkpoint, stop_error)
 from es_llm.run_folder import AppendLog
 from populations import es as pes
-from populations.optimizers import OptimizerConfig, make_optimizer
+from populations.optimizers import make_optimizer
 
 ROOT = Path(__file__).resolve().parents[1]
 ES = ROOT / "configs" / "es_countdown_ci.yaml"
@@ -102,9 +102,9 @@ def test_the_hf_sampler_refuses_nan_logits_instead_of_picking_a_token(temperatur
 
 
 def test_an_es_update_that_overflows_float16_is_caught_before_it_is_served():
-    cfg = pes.ESConfig(population=2, optimizer=OptimizerConfig(name="sgd", lr=1.0))
+    cfg = pes.ESConfig(population=2, optimizer="sgd", lr=1.0)
     big = {"w": torch.full((2,), 7e4)}  # above float16's largest 65504
-    state = pes.ESState(big, make_optimizer(cfg.optimizer).init(big), 1)
+    state = pes.ESState(big, make_optimizer(cfg).init(big), seed=0, iteration=1)
     metrics = {"es/grad_norm": 1.0, "es/update_norm": 1.0}
     check_es_update(metrics, state, "float32", True)  # fits float32
     with pytest.raises(Diverged, match="float16"):

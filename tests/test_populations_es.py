@@ -8,7 +8,7 @@ import torch
 
 from populations import es
 from populations.evotorch_bridge import evotorch_names, run_evotorch
-from populations.optimizers import OptimizerConfig
+from populations.settings import SettingError
 
 # theta* = linspace(-1, 1, 10): f(0) = -|theta*|^2 = -2 (81 + 49 + 25 + 9 + 1) / 81 = -4.07.
 TARGET = torch.linspace(-1, 1, 10)
@@ -23,7 +23,7 @@ def sphere(theta_D: torch.Tensor) -> float:
 
 
 def run_ours(cfg: es.ESConfig, params, steps: int, objective):
-    state = es.init(cfg, params)
+    state = es.init(cfg, params, TOY_SEED)
     history = []
     for _ in range(steps):
         rewards_N_P = torch.tensor([[objective(es.perturbed_params(cfg, state, m))]
@@ -39,7 +39,8 @@ def split_sphere(p) -> float:
 
 
 TOY_CFG = es.ESConfig(population=50, sigma=0.1, antithetic=True, shaping="centered_rank",
-                      run_seed=3, optimizer=OptimizerConfig("adam", lr=0.05))
+                      optimizer="adam", lr=0.05)
+TOY_SEED = 3
 
 
 def test_ours_and_evotorch_both_solve_the_sphere():
@@ -92,7 +93,7 @@ def test_two_runs_are_bitwise_identical_and_order_free():
 
 
 def test_tell_leaves_its_input_state_alone():
-    state = es.init(TOY_CFG, {"w": torch.ones(5)})
+    state = es.init(TOY_CFG, {"w": torch.ones(5)}, TOY_SEED)
     es.tell(TOY_CFG, state, torch.arange(50.0)[:, None])
     assert torch.equal(state.params["w"], torch.ones(5)) and state.iteration == 0
     assert state.opt.count == 0
@@ -100,7 +101,7 @@ def test_tell_leaves_its_input_state_alone():
 
 def test_flat_rewards_leave_params_unchanged():
     # Every member scores the same: every shaping gives weight 0, so no direction is used.
-    state = es.init(TOY_CFG, {"w": torch.ones(5)})
+    state = es.init(TOY_CFG, {"w": torch.ones(5)}, TOY_SEED)
     new, metrics = es.tell(TOY_CFG, state, torch.full((50, 3), 0.7))
     assert torch.equal(new.params["w"], state.params["w"])
     assert metrics["directions"] == 0.0 and metrics["update_ratio"] == 0.0
@@ -120,18 +121,32 @@ def test_perturbing_from_the_fp32_master_restores_bf16_exactly():
 
 
 def test_inputs_of_any_dtype_become_an_fp32_master():
-    state = es.init(TOY_CFG, {"w": torch.ones(3, dtype=torch.bfloat16)})
+    state = es.init(TOY_CFG, {"w": torch.ones(3, dtype=torch.bfloat16)}, TOY_SEED)
     assert state.params["w"].dtype == torch.float32
 
 
-@pytest.mark.parametrize("bad", [dict(population=7), dict(sigma=0.0), dict(shaping="rank"),
-                                 dict(run_seed=1.5), dict(optimizer="adam")])
-def test_config_validation(bad):
-    with pytest.raises(ValueError):
+@pytest.mark.parametrize("bad, field", [
+    (dict(population=7, antithetic=True), "population"), (dict(population=1), "population"),
+    (dict(sigma=0.0), "sigma"), (dict(shaping="rank"), "shaping"),
+    (dict(optimizer="rmsprop"), "optimizer"), (dict(lr=0.0), "lr"), (dict(rank=0), "rank"),
+    (dict(shaping="pair_diff"), "shaping")])
+def test_config_validation_names_the_field(bad, field):
+    with pytest.raises(SettingError) as caught:
         es.ESConfig(**bad)
+    assert isinstance(caught.value, ValueError) and caught.value.field == field
+
+
+def test_the_seed_is_the_state_s_and_changes_every_perturbation():
+    with pytest.raises(ValueError, match="seed must be an int"):
+        es.init(TOY_CFG, {"w": torch.ones(2)}, 1.5)
+    a, b = (es.init(TOY_CFG, {"w": torch.zeros(3)}, seed) for seed in (3, 4))
+    member = es.ask(TOY_CFG, a)[0]
+    assert a.seed == 3 and es.tell(TOY_CFG, a, torch.ones(50, 1))[0].seed == 3
+    assert not torch.equal(es.perturbed_params(TOY_CFG, a, member)["w"],
+                           es.perturbed_params(TOY_CFG, b, member)["w"])
 
 
 def test_tell_checks_the_number_of_rows():
-    state = es.init(TOY_CFG, {"w": torch.ones(2)})
+    state = es.init(TOY_CFG, {"w": torch.ones(2)}, TOY_SEED)
     with pytest.raises(ValueError, match="50 rows"):
         es.tell(TOY_CFG, state, torch.zeros(49, 1))

@@ -9,7 +9,6 @@ import torch
 from populations import es
 from populations.estimators import accumulate, direction_coefficients, es_gradient
 from populations.noise import Member, gaussian, keyed_noise, noise_key, population
-from populations.optimizers import OptimizerConfig
 from populations.shaping import shape_fitness
 
 
@@ -18,9 +17,8 @@ from populations.shaping import shape_fitness
 def test_one_sgd_step_by_hand(shaping, divide_by_sigma):
     # theta = [1, 2, 3] as one tensor "w"; 2 members, not mirrored: member n uses eps_n.
     cfg = es.ESConfig(population=2, sigma=0.5, antithetic=False, shaping=shaping,
-                      divide_by_sigma=divide_by_sigma, run_seed=7,
-                      optimizer=OptimizerConfig("sgd", lr=0.1))
-    state = es.init(cfg, {"w": torch.tensor([1.0, 2.0, 3.0])})
+                      divide_by_sigma=divide_by_sigma, optimizer="sgd", lr=0.1)
+    state = es.init(cfg, {"w": torch.tensor([1.0, 2.0, 3.0])}, 7)
     eps0 = gaussian(noise_key(7, 0, 0, "w"), (3,))
     eps1 = gaussian(noise_key(7, 0, 1, "w"), (3,))
     # The members are evaluated at theta + 0.5 eps_n.
@@ -114,8 +112,8 @@ def test_mismatched_or_misordered_members_raise():
 def _estimate(f, theta, N, sigma, antithetic, seed=0):
     """Evaluate f at every member of one iteration and return the textbook estimate."""
     cfg = es.ESConfig(population=N, sigma=sigma, antithetic=antithetic, shaping="raw",
-                      divide_by_sigma=True, run_seed=seed)
-    state = es.init(cfg, theta)
+                      divide_by_sigma=True)
+    state = es.init(cfg, theta, seed)
     members = es.ask(cfg, state)
     rewards_N_P = torch.tensor([[f(es.perturbed_params(cfg, state, m))] for m in members],
                                dtype=torch.float64)

@@ -11,7 +11,6 @@ import torch
 from populations import es as pes
 from populations import lowrank
 from populations.noise import gaussian, keyed_noise, noise_key
-from populations.optimizers import OptimizerConfig
 from populations.perturbations import KindInput, perturbation
 from populations.shaping import shape_fitness
 
@@ -79,9 +78,9 @@ def test_vectors_are_frozen_or_get_full_noise():
 
 def test_lowrank_tell_is_lr_times_the_paired_low_rank_estimate():
     cfg = pes.ESConfig(population=4, sigma=0.1, antithetic=True, shaping="raw", kind="lowrank",
-                       rank=1, vectors="frozen", optimizer=OptimizerConfig(name="sgd", lr=0.5))
+                       rank=1, vectors="frozen", optimizer="sgd", lr=0.5)
     params = {"w": torch.zeros(2, 3), "norm": torch.ones(3)}
-    state = pes.init(cfg, params)
+    state = pes.init(cfg, params, 0)
     # Fitness 1, 0 on pair 0 and 0, 0 on pair 1: raw weights 0.75, -0.25, -0.25, -0.25.
     rewards = torch.tensor([[1.0], [0.0], [0.0], [0.0]])
     new, metrics = pes.tell(cfg, state, rewards)

@@ -58,9 +58,9 @@ class RowAdapters:
         missing = [n for n in self.matrices if n not in covered]
         if missing:
             self.close()
-            raise BadInput(f"es.serve=rows adds member terms to linear and embedding layers "
-                           f"only; {', '.join(missing[:4])} is neither. Use es.serve=weights "
-                           f"(members' weights written one at a time) or es.params=regex to "
+            raise BadInput(f"engine.serve=rows adds member terms to linear and embedding layers "
+                           f"only; {', '.join(missing[:4])} is neither. Use engine.serve=weights "
+                           f"(members' weights written one at a time) or engine.params=regex to "
                            f"evolve only linear layers.")
         self._active: _Active | None = None
 

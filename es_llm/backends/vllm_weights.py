@@ -133,8 +133,8 @@ class VLLMWeights:
         push_hf_tensors(self.llm, tensors)
 
     @torch.no_grad()
-    def perturb(self, noise_for, scale: float) -> None:
-        self.hf.perturb(noise_for, scale)
+    def perturb(self, noise_for, sign: int, sigma: float) -> None:
+        self.hf.perturb(noise_for, sign, sigma)
         self._send({n: p.detach() for n, p in self.hf.params.items()})
 
     @torch.no_grad()

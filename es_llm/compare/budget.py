@@ -26,8 +26,9 @@ from es_llm.compare.sampling import sample_model
 from es_llm.compare.section import (SECTIONS, CheckInput, Section, SectionInput, Source,
                                     fields_dict)
 from es_llm.errors import BadInput
-from es_llm.evaluate import EvalConfig, resolve_task_config
+from es_llm.evaluate import EvalConfig
 from es_llm.io import complete_jsonl_rows, write_text_atomic
+from es_llm.models import resolve_task_config
 from es_llm.report import (Figure, Heading, Paragraph, Table, colors, interval, pct, pyplot,
                            save_figure, signed)
 

@@ -18,9 +18,9 @@ from es_llm.compare.sampling import sample_model
 from es_llm.compare.section import CheckInput, SectionInput, Source, sections
 from es_llm.config import run_config_yaml, to_dict
 from es_llm.errors import BadInput
-from es_llm.evaluate import check_model_path
 from es_llm.io import write_json_atomic, write_text_atomic
 from es_llm.metrics.summary import json_safe
+from es_llm.models import check_model_path
 from es_llm.report import to_markdown, write_report
 from es_llm.run_folder import check_out_path
 

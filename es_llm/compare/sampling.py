@@ -12,12 +12,13 @@ from pathlib import Path
 
 import yaml
 
-from es_llm.backends import choose_backend
+from es_llm.backends import BackendSpec, choose_backend, make_backend
 from es_llm.compare.config import CompareConfig
 from es_llm.config import dump_yaml, load_yaml_text, to_dict
 from es_llm.errors import BadInput
-from es_llm.evaluate import EvalConfig, evaluate, resolve_task_config
+from es_llm.evaluate import EvalConfig, evaluate
 from es_llm.io import write_text_atomic
+from es_llm.models import resolve_task_config
 from es_llm.tasks import build_task
 
 
@@ -59,9 +60,9 @@ def sample_model(name: str, model: Path, cfg: CompareConfig, folder: Path, progr
 
 def blind_spot_backend(folder: Path):
     """The backend the blind spot grafts into: HF, whose forward pass takes hooks."""
-    from es_llm.backends.hf import HFBackend
-
-    return HFBackend(str(folder))
+    return make_backend(BackendSpec(str(folder), backend="hf",
+                                    hf_only="the blind spot grafts through the forward hooks "
+                                            "of the HF decoding loop"))
 
 
 def compared_task(cfg: CompareConfig, model: Path):

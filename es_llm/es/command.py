@@ -130,7 +130,7 @@ COMMAND = Command(
 Evolve the weights of a model with ES: each iteration every member of the
 population is the base weights plus sigma times keyed Gaussian noise (or, with
 es.kind=lowrank, rank-r noise on every matrix), is scored on the batch of
-training prompts (or es.prompts_per_member of them) with greedy decoding, and
+training prompts (or engine.prompts_per_member of them) with greedy decoding, and
 the weights move along the shaped-reward-weighted noise. Under `mpirun -n P` the
 ranks split the population and exchange only rewards; every rank applies the
 same update. Writes DIR/config.yaml, metrics.jsonl, ledger.jsonl and

@@ -32,7 +32,6 @@ from es_llm.tasks import Problem
 from es_llm.tasks.base import too_long_notice
 from populations import es as pes
 from populations import lowrank
-from populations.optimizers import OptimizerConfig
 
 
 @dataclass
@@ -45,7 +44,7 @@ class Edges:
     weights: ModuleWeights
     backend: object
     task: object
-    # Per-row low-rank member terms (es.serve=rows); None writes each member's weights.
+    # Per-row low-rank member terms (engine.serve=rows); None writes each member's weights.
     rows: object = None
 
 
@@ -54,16 +53,6 @@ def prompt_batch(problems: list[Problem], cfg: ESRunConfig, iteration: int) -> l
     rng = random.Random(f"{cfg.seed}:batch:{iteration}")
     k = min(cfg.prompts_per_iteration, len(problems))
     return rng.sample(problems, k)
-
-
-def es_config(cfg: ESRunConfig) -> pes.ESConfig:
-    """The model-free ES settings of a run."""
-    e = cfg.es
-    return pes.ESConfig(population=e.population, sigma=e.sigma, antithetic=e.antithetic,
-                        shaping=e.shaping, run_seed=cfg.seed, noise_device=e.noise_device,
-                        kind=e.kind, rank=e.rank, vectors=e.vectors,
-                        optimizer=OptimizerConfig(name=e.optimizer, lr=e.lr,
-                                                  anchor_decay=e.anchor_decay))
 
 
 def owned_members(members, rank: int, size: int) -> list:
@@ -88,12 +77,12 @@ def member_prompts(members, n_batch: int, per_member: int) -> list[list[int]]:
             for m in members]
 
 
-def _weight_written(edges: Edges, es_cfg: pes.ESConfig, state: pes.ESState, mine, batch,
-                    assigned, params, cfg: ESRunConfig):
+def _weight_written(edges: Edges, state: pes.ESState, mine, batch, assigned, params,
+                    cfg: ESRunConfig):
     """``(member, problems, texts)`` for each member, its weights written into the served
     model as cast(master + sign * sigma * eps) over the previous member's (one write per
     member, one restore at the end). A direction's noise is drawn once for both signs."""
-    eps_for = pes.noise_for(es_cfg, state)
+    eps_for = pes.noise_for(cfg.es, state)
     try:
         for direction, group in itertools.groupby(mine, key=lambda m: m.direction):
             cache: dict[str, torch.Tensor] = {}
@@ -104,7 +93,7 @@ def _weight_written(edges: Edges, es_cfg: pes.ESConfig, state: pes.ESState, mine
                 return cache[name]
 
             for m in group:
-                edges.weights.perturb(noise, m.sign * es_cfg.sigma)
+                edges.weights.perturb(noise, m.sign, cfg.es.sigma)
                 problems = [batch[i] for i in assigned[m.index]]
                 completions = edges.backend.generate([p.prompt for p in problems], params,
                                                      keys=[p.id for p in problems])
@@ -113,16 +102,16 @@ def _weight_written(edges: Edges, es_cfg: pes.ESConfig, state: pes.ESState, mine
         edges.weights.restore()
 
 
-def _row_served(edges: Edges, es_cfg: pes.ESConfig, state: pes.ESState, mine, batch,
-                assigned, params, cfg: ESRunConfig):
-    """``(member, problems, texts)`` for each member, ``es.members_per_call`` members per
+def _row_served(edges: Edges, state: pes.ESState, mine, batch, assigned, params,
+                cfg: ESRunConfig):
+    """``(member, problems, texts)`` for each member, ``engine.members_per_call`` members per
     generate call, each row adding its member's low-rank term (``RowAdapters``); factors are
     drawn per call, so memory is bounded by the call, not the population."""
-    factors_for = lowrank.keyed_factors(es_cfg.run_seed, state.iteration, es_cfg.rank,
-                                        device=es_cfg.noise_device)
-    scale = es_cfg.sigma / math.sqrt(es_cfg.rank)
+    factors_for = lowrank.keyed_factors(state.seed, state.iteration, cfg.es.rank,
+                                        device=cfg.es.noise_device)
+    scale = cfg.es.sigma / math.sqrt(cfg.es.rank)
     served = edges.weights.params
-    per_call = cfg.es.members_per_call
+    per_call = cfg.engine.members_per_call
     for start in range(0, len(mine), per_call):
         chunk = mine[start:start + per_call]
         A, B = {}, {}
@@ -143,18 +132,18 @@ def _row_served(edges: Edges, es_cfg: pes.ESConfig, state: pes.ESState, mine, ba
             at += len(ps)
 
 
-def evaluate_members(edges: Edges, es_cfg: pes.ESConfig, state: pes.ESState, members,
-                     batch: list[Problem], cfg: ESRunConfig) -> dict[int, tuple]:
+def evaluate_members(edges: Edges, state: pes.ESState, members, batch: list[Problem],
+                     cfg: ESRunConfig) -> dict[int, tuple]:
     """What each member this rank owns (``owned_members``) scored: ``{index: (rewards per
     prompt, correct count, well-formed count, digest of its texts, count of texts too long
     to score)}``. The digest lets rank 0 tell whether a mirrored pair generated identical
     texts without sending them."""
     params = SamplingParams(n=1, temperature=0.0, max_tokens=cfg.max_tokens, seed=cfg.seed)
-    assigned = member_prompts(members, len(batch), cfg.es.prompts_per_member)
+    assigned = member_prompts(members, len(batch), cfg.engine.prompts_per_member)
     mine = owned_members(members, edges.comm.rank, edges.comm.size)
     serve = _row_served if edges.rows is not None else _weight_written
     out = {}
-    for m, problems, texts in serve(edges, es_cfg, state, mine, batch, assigned, params, cfg):
+    for m, problems, texts in serve(edges, state, mine, batch, assigned, params, cfg):
         scores = edges.task.score_many(list(zip(problems, texts)))
         digest = hashlib.blake2b("\x1f".join(texts).encode(), digest_size=8).hexdigest()
         out[m.index] = ([s.reward for s in scores], sum(s.correct for s in scores),
@@ -178,15 +167,14 @@ def pair_diagnostics(members, gathered: dict[int, tuple]) -> dict[str, float]:
             "es/pairs_format_differs": sum(x[2] != y[2] for x, y in ga) / n}
 
 
-def step(edges: Edges, es_cfg: pes.ESConfig, state: pes.ESState, problems: list[Problem],
-         cfg: ESRunConfig):
+def step(edges: Edges, state: pes.ESState, problems: list[Problem], cfg: ESRunConfig):
     """One ES iteration; returns the new state, the metrics and the ledger entry."""
     t0 = time.perf_counter()
     iteration = state.iteration
-    members = pes.ask(es_cfg, state)
+    members = pes.ask(cfg.es, state)
     batch = prompt_batch(problems, cfg, iteration)
     try:
-        mine = evaluate_members(edges, es_cfg, state, members, batch, cfg)
+        mine = evaluate_members(edges, state, members, batch, cfg)
     except NonFinite:
         raise Diverged("next-token logits", "es/logits", math.nan, iteration > 0) from None
     t_eval = time.perf_counter() - t0
@@ -196,11 +184,11 @@ def step(edges: Edges, es_cfg: pes.ESConfig, state: pes.ESState, problems: list[
         gathered.update(part)
     rewards_N_P = torch.tensor([gathered[n][0] for n in range(len(members))],
                                dtype=torch.float64)
-    assigned = member_prompts(members, len(batch), cfg.es.prompts_per_member)
-    groups_N_P = torch.tensor(assigned) if cfg.es.prompts_per_member else None
+    assigned = member_prompts(members, len(batch), cfg.engine.prompts_per_member)
+    groups_N_P = torch.tensor(assigned) if cfg.engine.prompts_per_member else None
     before = state.params
     check("reward", "es/reward_mean", float(rewards_N_P.sum()), iteration > 0)
-    state, es_metrics = pes.tell(es_cfg, state, rewards_N_P, groups_N_P)
+    state, es_metrics = pes.tell(cfg.es, state, rewards_N_P, groups_N_P)
     metrics = {f"es/{k}": v for k, v in es_metrics.items()}
     check_es_update(metrics, state, cfg.dtype, iteration > 0)
     edges.weights.set_master(state.params)
@@ -214,7 +202,7 @@ def step(edges: Edges, es_cfg: pes.ESConfig, state: pes.ESState, problems: list[
     samples = (iteration + 1) * rewards_N_P.numel()
     metrics.update({"samples/generated": float(samples), "perf/iter_s": time.perf_counter() - t0,
                     "perf/eval_s": t_eval})
-    ledger = {"iteration": iteration, "run_seed": cfg.seed,
+    ledger = {"iteration": iteration, "run_seed": state.seed,
               "members": [[m.direction, m.sign] for m in members],
               "prompt_ids": [p.id for p in batch],
               "rewards_N": rewards_N_P.mean(dim=1).tolist(),
@@ -248,13 +236,11 @@ def probe_sigma(edges: Edges, cfg: ESRunConfig, problems: list[Problem],
     rows = []
     for sigma in sigmas:
         at = dataclasses.replace(cfg, es=dataclasses.replace(cfg.es, sigma=sigma))
-        es_cfg = es_config(at)
-        state = pes.init(es_cfg, edges.weights.master)
-        members = pes.ask(es_cfg, state)
+        state = pes.init(at.es, edges.weights.master, at.seed)
+        members = pes.ask(at.es, state)
         batch = prompt_batch(problems, at, 0)
         gathered: dict[int, tuple] = {}
-        for part in edges.comm.allgather(evaluate_members(edges, es_cfg, state, members,
-                                                          batch, at)):
+        for part in edges.comm.allgather(evaluate_members(edges, state, members, batch, at)):
             gathered.update(part)
         fitness = [sum(gathered[n][0]) / len(gathered[n][0]) for n in range(len(members))]
         rows.append({"sigma": sigma, "reward_mean": sum(fitness) / len(fitness),
@@ -324,11 +310,10 @@ def run(cfg: ESRunConfig, edges: Edges, problems: list[Problem], out: Path,
     """Run ES up to ``cfg.iterations``; rank 0 writes the run folder. With ``resume`` the
     ledger in ``out`` is replayed first and the run continues after its last iteration."""
     lead = edges.comm.rank == 0
-    es_cfg = es_config(cfg)
     check_start(edges.weights.master.items(), cfg.model)
-    state = pes.init(es_cfg, edges.weights.master)
+    state = pes.init(cfg.es, edges.weights.master, cfg.seed)
     if resume:
-        state = replay(es_cfg, state, read_ledger(out))
+        state = replay(cfg.es, state, read_ledger(out))
         edges.weights.set_master(state.params)
     edges.comm.barrier()  # every rank has read the ledger before rank 0 rewrites it
     again = f"es-llm es --resume {out}"
@@ -342,7 +327,7 @@ def run(cfg: ESRunConfig, edges: Edges, problems: list[Problem], out: Path,
     said_too_long = False
     for it in bar:
         try:
-            state, metrics, ledger = step(edges, es_cfg, state, problems, cfg)
+            state, metrics, ledger = step(edges, state, problems, cfg)
         except Diverged as exc:
             # Every rank computes the same update, so every rank stops here together; the
             # ledger ends at the last finite iteration, which --resume rebuilds.

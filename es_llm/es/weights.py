@@ -1,8 +1,9 @@
 """Which weights evolve, and how a member's perturbation is put into a torch module.
 
-The fp32 master copy is the truth: a member's weights are ``cast(master + sigma * eps)`` and
-restoring re-casts the master, so perturb-then-restore leaves the served weights bitwise
-unchanged (adding and then subtracting the same noise does not, in any precision).
+The fp32 master copy is the truth: a member's weights are ``cast(master + sigma * eps)``
+(``populations.es.perturb``, one tensor at a time) and restoring re-casts the master, so
+perturb-then-restore leaves the served weights bitwise unchanged (adding and then
+subtracting the same noise does not, in any precision).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Callable
 import torch
 
 from es_llm.errors import BadInput
+from populations.es import perturb
 
 PARAMETER_FILTERS = ("all", "matrices", "regex")
 
@@ -56,11 +58,13 @@ class ModuleWeights:
         return {n: t.shape for n, t in self.master.items()}
 
     @torch.no_grad()
-    def perturb(self, noise_for: Callable[[str, torch.Size], torch.Tensor], scale: float) -> None:
-        """Set each tensor to ``cast(master + scale * noise_for(name, shape))``."""
+    def perturb(self, noise_for: Callable[[str, torch.Size], torch.Tensor], sign: int,
+                sigma: float) -> None:
+        """Set each tensor to the member ``cast(master + sign * sigma * noise_for(name,
+        shape))``, computed by ``populations.es.perturb``."""
         for name, p in self.params.items():
-            eps = noise_for(name, p.shape)
-            p.copy_((self.master[name] + scale * eps.to(self.master[name].device)).to(p.dtype))
+            p.copy_(perturb(self.master[name], noise_for(name, p.shape), sign, sigma,
+                            dtype=p.dtype))
 
     @torch.no_grad()
     def restore(self) -> None:

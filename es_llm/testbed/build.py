@@ -48,7 +48,7 @@ def _report(model_dir: Path, data_dir: Path, cfg: TestbedConfig, progress: bool,
             samples: int | None = None, backend=None, task_name: str = "countdown") -> dict:
     """pass@k of a fresh model on a held-out set (Countdown unless ``task_name`` says which),
     with the transformers backend or the one given."""
-    from es_llm.backends.hf import HFBackend
+    from es_llm.backends import BackendSpec, make_backend
     from es_llm.evaluate import metrics_from_rows, sample_and_score
 
     r = cfg.report
@@ -57,8 +57,8 @@ def _report(model_dir: Path, data_dir: Path, cfg: TestbedConfig, progress: bool,
     try:
         params = SamplingParams(n=n, temperature=r.temperature, max_tokens=r.max_tokens,
                                 seed=cfg.seed)
-        rows = sample_and_score(backend or HFBackend(str(model_dir)), task, task.problems(),
-                                params, progress)
+        backend = backend or make_backend(BackendSpec(str(model_dir), backend="hf"))
+        rows = sample_and_score(backend, task, task.problems(), params, progress)
     finally:
         task.close()
     m = metrics_from_rows(rows, n, bootstrap=200)
@@ -148,7 +148,8 @@ def _weak_into(tmp: Path, student: Path, cfg: TestbedConfig, progress: bool) -> 
 
 def _diffusion_into(tmp: Path, student: Path, cfg: TestbedConfig, progress: bool) -> None:
     """The masked-diffusion model (``diffusion.py``), its sampler settings and its pass@k."""
-    from es_llm.backends.diffusion import SAMPLING_FILE, DiffusionBackend
+    from es_llm.backends import BackendSpec, make_backend
+    from es_llm.backends.diffusion import SAMPLING_FILE
     from es_llm.testbed.diffusion import make_diffusion_model, train_diffusion
 
     t0 = time.perf_counter()
@@ -160,7 +161,9 @@ def _diffusion_into(tmp: Path, student: Path, cfg: TestbedConfig, progress: bool
     tokenizer.save_pretrained(tmp)
     write_json_atomic(tmp / SAMPLING_FILE, to_dict(cfg.diffusion.sampling))
     build_s = round(time.perf_counter() - t0, 1)
-    backend = DiffusionBackend(str(tmp), model=model, tokenizer=tokenizer)
+    # The folder now holds the sampler settings, so the factory serves it with the diffusion
+    # sampler, decoding with the model just trained.
+    backend = make_backend(BackendSpec(str(tmp), backend="hf", model=model, tokenizer=tokenizer))
     info = {"diffusion": {"train": stats, "parameters": _count_params(model), "build_s": build_s,
                           "sampling": to_dict(cfg.diffusion.sampling),
                           "report": _report(tmp, student, cfg, progress, backend=backend)}}

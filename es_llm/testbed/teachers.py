@@ -49,12 +49,13 @@ def reinforce_loss(model, prompt_ids, completion_ids, adv_B: torch.Tensor, pad_i
 def short_rl(model, tokenizer, task, problems: list, cfg: TestbedConfig, progress: bool) -> dict:
     """A short REINFORCE run of ``model`` on ``problems`` (``cfg.teachers.weak``'s schedule);
     returns the mean reward of the first and the last few steps."""
-    from es_llm.backends.hf import HFBackend
+    from es_llm.backends import BackendSpec, make_backend
 
     w = cfg.teachers.weak
     rng = random.Random(f"{cfg.seed}:weak-rl")
     opt = torch.optim.AdamW(model.parameters(), lr=w.rl_lr, weight_decay=0.0)
-    backend = HFBackend(None, model=model, tokenizer=tokenizer)
+    # The model being trained, in memory: each step samples its current weights.
+    backend = make_backend(BackendSpec(None, backend="hf", model=model, tokenizer=tokenizer))
     rewards = []
     for step in tqdm(range(w.rl_steps), desc="weak rl", unit="step", disable=not progress):
         batch = rng.sample(problems, min(w.rl_prompts, len(problems)))

@@ -16,12 +16,12 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from es_llm.backends import BACKEND_NAMES, make_backend
+from es_llm.backends import BACKEND_NAMES, BackendSpec, make_backend
 from es_llm.config import check_choices, choice, run_config_yaml
 from es_llm.errors import BadInput
-from es_llm.evaluate import check_model_path
 from es_llm.io import write_json_atomic, write_jsonl_atomic, write_text_atomic
 from es_llm.metrics.passk import bootstrap_ci
+from es_llm.models import check_model_path
 from es_llm.run_folder import check_out_path
 from es_llm.tasks import TaskConfig, build_task
 # Importing these modules registers their methods.
@@ -213,7 +213,7 @@ def testtime(cfg: TestTimeConfig, out: str | Path, progress: bool = True, echo=p
     check_roles(cfg.model, {m: METHODS.get(m).roles for m in cfg.methods})
     task, problems, calibration = _problems(cfg)
     t_start = time.perf_counter()
-    backend = make_backend(cfg.backend, cfg.model, seed=cfg.seed)
+    backend = make_backend(BackendSpec(cfg.model, backend=cfg.backend, seed=cfg.seed))
     scorer = None
     if any(METHODS.get(m).needs_scorer for m in cfg.methods):
         scorer = (HFScorer(cfg.model, model=backend.model, tokenizer=backend.tokenizer)

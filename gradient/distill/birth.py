@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import torch
 
-from es_llm.backends.base import SamplingParams
+from es_llm.backends import BackendSpec, SamplingParams, make_backend
 from gradient.batch import Rollout, RolloutBatch
 from gradient.distill.methods import DistillInput, method_spec, run_distill
 from gradient.distill.rstg import failed_groups, linear_anneal
@@ -37,14 +37,13 @@ def teacher_solve_rates(edges, problems: list, cfg, step: int, cache: dict) -> N
     """Fill ``cache[problem.id] = (solve rate, shortest correct completion ids or None)`` for
     the problems not in it: RSTG's teacher confidence (mean@k of the teacher's samples) and
     the trajectory of its SFT term."""
-    from es_llm.backends.hf import HFBackend
-
     todo = list({p.id: p for p in problems if p.id not in cache}.values())
     if not todo:
         return
     r = cfg.algo.distill.rstg
-    backend = HFBackend(None, model=edges.teachers["teacher"], tokenizer=edges.tokenizer,
-                        device=cfg.device)
+    # The teacher already loaded for scoring, sampled in the HF decoding loop.
+    backend = make_backend(BackendSpec(cfg.algo.distill.teacher, backend="hf", device=cfg.device,
+                                       model=edges.teachers["teacher"], tokenizer=edges.tokenizer))
     params = SamplingParams(n=r.teacher_samples, temperature=cfg.rollout.temperature,
                             top_p=cfg.rollout.top_p, max_tokens=cfg.rollout.max_tokens,
                             seed=derive_seed(cfg.seed, "rstg-teacher", step))
