@@ -22,7 +22,7 @@ found updates of ~1e-5 vanish when summed in fp16/bf16).
 from __future__ import annotations
 
 import math
-from typing import Mapping, Sequence
+from typing import Sequence
 
 import torch
 
@@ -66,26 +66,3 @@ def accumulate(coefs: Sequence[tuple[int, float]], name: str, shape: torch.Size,
         eps = noise_for(d, name, shape).to(device=acc.device, dtype=torch.float32)
         acc.add_(eps, alpha=c)
     return acc
-
-
-def es_gradient(weights_N: torch.Tensor, members: Sequence[Member],
-                shapes: Mapping[str, torch.Size], noise_for: NoiseFn, *,
-                sigma: float | None = None,
-                device: torch.device | str | None = None) -> dict[str, torch.Tensor]:
-    """The ES gradient estimate ``{name: g_name}`` (float32, shapes as in ``shapes``).
-
-    Args:
-        weights_N: shaped fitness per member (e.g. from ``shape_fitness``), shape ``(N,)``.
-        members: the iteration's members in row order (``noise.population``).
-        shapes: tensor name -> shape of every tensor to estimate.
-        noise_for: ``(direction, name, shape) -> eps``, e.g. ``noise.keyed_noise(seed, it)``;
-            it must give the same eps the members were evaluated with.
-        sigma: divide by sigma (textbook estimator); None folds it into the learning rate.
-        device: where the accumulators live (noise is moved there).
-
-    For streaming over a large model call ``direction_coefficients`` once and
-    ``accumulate`` per tensor instead; this function is exactly that loop.
-    """
-    coefs = direction_coefficients(weights_N, members, sigma=sigma)
-    return {name: accumulate(coefs, name, torch.Size(shape), noise_for, device=device)
-            for name, shape in shapes.items()}

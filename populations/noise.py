@@ -147,14 +147,3 @@ def population(N: int, antithetic: bool) -> tuple[Member, ...]:
     if antithetic and N % 2:
         raise ValueError(f"antithetic sampling needs an even population size, got N={N}")
     return tuple(Member(n, *direction_and_sign(n, antithetic)) for n in range(N))
-
-
-def member_seeds(run_seed: int, iteration: int, N: int, antithetic: bool) -> list[dict[str, int]]:
-    """Ledger rows, one per member: enough to regenerate its noise for every tensor.
-
-    Each row is ``{"member", "run_seed", "iteration", "direction", "sign"}``; the noise of
-    tensor ``name`` is ``sign * gaussian(noise_key(run_seed, iteration, direction, name))``.
-    There is no single per-member seed because keys are per tensor.
-    """
-    return [{"member": m.index, "run_seed": run_seed, "iteration": iteration,
-             "direction": m.direction, "sign": m.sign} for m in population(N, antithetic)]

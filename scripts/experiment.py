@@ -26,22 +26,17 @@ import json
 import os
 import shutil
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from es_llm.backends import BACKEND_NAMES
-from es_llm.compare.config import BudgetConfig
-from es_llm.config import (MACHINE_KEY, check_choices, choice, dump_yaml, load_config,
-                           read_yaml, to_dict)
+from es_llm.config import MACHINE_KEY, dump_yaml, load_config, read_yaml, to_dict
 from es_llm.errors import BadInput
 from es_llm.es.command import RESUME_KEYS as ES_RESUME_KEYS
 from es_llm.es.config import ESRunConfig
-from es_llm.evaluate import SamplingConfig
 from es_llm.io import complete_jsonl_rows, write_text_atomic
 from es_llm.models import resolve_training_data
 from es_llm.run_folder import check_out_path
 from es_llm.stage_runner import Runner, es_llm_command, finished
-from es_llm.tasks import task_names
+from es_llm.studies import ExperimentConfig, Method
 from es_llm.testbed.config import MODEL_TASKS, load_testbed_config
 from gradient.config import GRPORunConfig
 from gradient.grpo_command import RESUME_KEYS as GRPO_RESUME_KEYS
@@ -49,152 +44,12 @@ from gradient.grpo_command import RESUME_KEYS as GRPO_RESUME_KEYS
 ROOT = Path(__file__).resolve().parents[1]
 
 
-KINDS = ("es", "grpo", "sft")
 # The experiment folder inside a method's overrides (e.g. data={out}/recover/recovered.jsonl).
 OUT_MARK = "{out}"
 # The config key that sets a budget-matched run's length, per trainer.
 LENGTH_KEY = {"es": "iterations", "grpo": "steps"}
 # What `--resume` may change in a run's config.yaml, per trainer (SFT has no --resume).
 RESUME_KEYS = {"es": ES_RESUME_KEYS, "grpo": GRPO_RESUME_KEYS, "sft": ()}
-
-
-@dataclass(frozen=True)
-class Method:
-    # Which trainer: es (`es-llm es`, under mpirun with `ranks`), grpo (`es-llm grpo`) or sft
-    # (`es-llm sft`: not budget-matched, its length is its config's epochs).
-    kind: str = choice("es", lambda: KINDS)
-    # Training config (a YAML under configs/) and overrides applied to every seed's run
-    # ({out} stands for the experiment folder).
-    config: str = ""
-    overrides: tuple[str, ...] = ()
-    # The starting model: a folder inside the testbed ("" = the base model itself, e.g. swa
-    # for the sliding-window conversion that testbed_overrides swa.enabled=true builds).
-    model: str = ""
-    # Accuracy against budget beyond the head-to-head: a copy of each finished run of these
-    # seeds is continued to `extend` times budget_samples (runs/<name>-seed<k>-x<extend>,
-    # a checkpoint at every multiple of the budget); 1 = no extension.
-    extend: int = 1
-    extend_seeds: tuple[int, ...] = (0,)
-
-    def __post_init__(self):
-        check_choices(self)
-        if not self.config:
-            raise BadInput("every method needs config: a training YAML under configs/ (e.g. "
-                           "configs/es_countdown.yaml).")
-        if self.extend < 1:
-            raise BadInput(f"extend must be at least 1 (times budget_samples), got {self.extend}.")
-        if self.kind == "sft" and self.extend > 1:
-            raise BadInput("an sft method has no budget to extend; leave extend at 1.")
-
-
-@dataclass(frozen=True)
-class RecoverStage:
-    # Run `es-llm latent-revise` on the base model before training (into OUT/recover), with
-    # this config and overrides; methods read its files through {out}/recover/... .
-    enabled: bool = False
-    config: str = "configs/latent_revise_countdown.yaml"
-    overrides: tuple[str, ...] = ()
-
-
-def _default_methods() -> dict[str, Method]:
-    return {"es": Method("es", "configs/es_countdown.yaml"),
-            "grpo": Method("grpo", "configs/grpo_countdown.yaml")}
-
-
-@dataclass(frozen=True)
-class ExperimentConfig:
-    # Testbed preset (ci or default) and its overrides.
-    testbed: str = "default"
-    testbed_overrides: tuple[str, ...] = ("teachers.enabled=false", "diffusion.enabled=false")
-    task: str = choice("countdown", task_names)
-    # Training seeds; every method trains once per seed from the same base model.
-    seeds: tuple[int, ...] = (0, 1, 2)
-    # Generated samples per training run, the same for every method: ES iterations and GRPO
-    # steps are derived from it, so it must be a multiple of every per-step sample count.
-    budget_samples: int = 40960
-    # MPI ranks of the ES runs (`mpirun -n ranks`).
-    ranks: int = 2
-    # The methods by name (the report's labels, runs/<name>-seed<k>): a YAML `methods:`
-    # mapping replaces this default as a whole.
-    methods: dict[str, Method] = field(default_factory=_default_methods)
-    # Untrained models compared beside the base: a label and a folder inside the testbed
-    # (e.g. swa_no_sft: swa/no_sft).
-    references: dict[str, str] = field(default_factory=dict)
-    # LatentRevise's recovery of zero-hit training prompts, before the methods train.
-    latent_revise: RecoverStage = field(default_factory=RecoverStage)
-    # How the comparison samples every model (identical for all), on how many of the
-    # held-out problems (None = all) and with which backend.
-    sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    eval_limit: int | None = None
-    eval_backend: str = choice("auto", lambda: BACKEND_NAMES)
-    # Capability or sharpening: the comparison also reads every model greedily and sampled
-    # at these temperatures (and sampling.temperature), on the held-out file and on a
-    # never-seen set of never_seen_per_tier problems per tier (scripts/unseen_countdown.py,
-    # seed never_seen_seed; 0 = no such set), with views_n samples per problem. Off by
-    # default ([] and 0): the comparison then reads the held-out file at `sampling` only.
-    temperatures: tuple[float, ...] = ()
-    never_seen_per_tier: int = 0
-    never_seen_seed: int = 0
-    views_n: int = 8
-    # Accuracy against training budget in the report: every checkpoint along each run (the
-    # extended ones where a method has them) and the base model read on the never-seen set
-    # (else the held-out file), with the `budget` settings of `es-llm compare`; its runs
-    # are filled in here.
-    budget_study: bool = False
-    budget: BudgetConfig = field(default_factory=BudgetConfig)
-
-    def __post_init__(self):
-        check_choices(self)
-        self._check_numbers()
-        if not self.methods:
-            raise BadInput("methods is empty; name at least one, e.g. methods: {es: {kind: es, "
-                           "config: configs/es_countdown.yaml}}.")
-        if self.budget.runs:
-            raise BadInput("budget.runs is filled in by the experiment (every run of every "
-                           "method); leave it empty and set budget_study: true.")
-        clash = set(self.references) & set(self.methods)
-        if clash or "base" in self.references:
-            raise BadInput(f"references may not reuse a method's name or 'base': "
-                           f"{sorted(clash | ({'base'} & set(self.references)))}.")
-        for name in self.references:
-            if not name.replace("_", "").isalnum():
-                raise BadInput(f"reference name {name!r} must be letters, digits and _.")
-        for name, m in self.methods.items():
-            if name in ("base",) or not name.replace("_", "").isalnum():
-                raise BadInput(f"method name {name!r} must be letters, digits and _ and not "
-                               f"'base' (the base model's label).")
-            missing = sorted(set(m.extend_seeds) - set(self.seeds)) if m.extend > 1 else []
-            if missing:
-                raise BadInput(f"methods.{name}.extend_seeds {missing} are not training seeds "
-                               f"(seeds: {list(self.seeds)}).")
-
-    def _check_numbers(self) -> None:
-        """BadInput for a seed list, budget, rank count or comparison size no stage could
-        run with."""
-        if not self.seeds:
-            raise BadInput("seeds is empty; give at least one training seed (every method "
-                           "trains once per seed), e.g. seeds: [0, 1, 2].")
-        repeated = sorted({s for s in self.seeds if self.seeds.count(s) > 1})
-        if repeated:
-            raise BadInput(f"seeds {list(self.seeds)} repeat {repeated}; each seed is one run "
-                           f"per method (runs/<name>-seed<k>), so list each once.")
-        if self.budget_samples < 1:
-            raise BadInput(f"budget_samples must be at least 1 generated sample per training "
-                           f"run, got {self.budget_samples}.")
-        if self.ranks < 1:
-            raise BadInput(f"ranks must be at least 1 (the MPI ranks of each ES run; 1 runs it "
-                           f"without mpirun), got {self.ranks}.")
-        if self.eval_limit is not None and self.eval_limit < 1:
-            raise BadInput(f"eval_limit must be at least 1 held-out problem, or null for all of "
-                           f"them, got {self.eval_limit}.")
-        if any(not t > 0 for t in self.temperatures):
-            raise BadInput(f"temperatures must be above 0 (the comparison reads every model "
-                           f"greedily whenever they are set), got {list(self.temperatures)}.")
-        if self.never_seen_per_tier < 0:
-            raise BadInput(f"never_seen_per_tier must be 0 (no never-seen set) or a number of "
-                           f"problems per tier, got {self.never_seen_per_tier}.")
-        if self.views_n < 1:
-            raise BadInput(f"views_n must be at least 1 sample per problem, got {self.views_n}.")
 
 
 def _steps(total: int, per_step: int, what: str) -> int:

@@ -27,113 +27,22 @@ import json
 import shutil
 import sys
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
-from es_llm.config import check_choices, choice, dump_yaml, load_config, to_dict
+from es_llm.config import dump_yaml, load_config, to_dict
 from es_llm.errors import BadInput
-from es_llm.evaluate import SamplingConfig
-from es_llm.io import complete_jsonl_rows, read_jsonl, write_json_atomic, write_jsonl_atomic
+from es_llm.io import (complete_jsonl_rows, read_jsonl, write_json_atomic, write_jsonl_atomic,
+                       write_text_atomic)
 from es_llm.run_folder import check_out_path
 from es_llm.stage_runner import Runner, es_llm_command, finished, stage_seconds
-from es_llm.testbed.config import ModelShape, load_testbed_config
+from es_llm.studies import ScalingConfig
+from es_llm.testbed.config import load_testbed_config
 from es_llm.testbed.scaling import DOMAINS
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@dataclass(frozen=True)
-class Trainer:
-    # Training config (a YAML under configs/), its overrides, and the run's length: GRPO
-    # steps or ES iterations, the same for every build (a fixed post-training budget).
-    config: str = ""
-    overrides: tuple[str, ...] = ()
-    length: int = 10
-
-    def __post_init__(self):
-        if not self.config or self.length < 2:
-            raise BadInput(f"grpo and es need a config (a YAML under configs/) and a length "
-                           f">= 2 (a reward slope needs two points), got "
-                           f"config={self.config!r}, length={self.length}.")
-
-
-@dataclass(frozen=True)
-class SFTStage:
-    # Between pretraining and RL, SFT on freshly generated worked traces (Countdown only:
-    # chess completions here are the move alone), `traces` rows for `epochs` epochs.
-    enabled: bool = True
-    traces: int = 2000
-    epochs: int = 1
-    batch_size: int = 32
-    lr: float = 3e-4
-
-    def __post_init__(self):
-        if self.traces < 1 or self.epochs < 1 or self.batch_size < 1 or not self.lr > 0:
-            raise BadInput("sft needs traces, epochs and batch_size >= 1 and lr > 0.")
-
-
-@dataclass(frozen=True)
-class ScalingConfig:
-    # The domain: countdown (the student's mix) or chess (the chess domain model).
-    domain: str = choice("countdown", lambda: tuple(DOMAINS))
-    # Testbed preset every build starts from, and overrides applied to all of them.
-    testbed: str = "default"
-    testbed_overrides: tuple[str, ...] = ("teachers.enabled=false",)
-    # Model shapes by name (ModelShape fields; head size hidden_size / num_heads in 32, 64, ...)
-    # and pretraining steps: every size is built at every step count.
-    sizes: dict[str, ModelShape] = field(default_factory=dict)
-    pretrain_steps: tuple[int, ...] = ()
-    # Examples of the held-out stream each build's loss is measured on.
-    heldout_examples: int = 512
-    sft: SFTStage = field(default_factory=SFTStage)
-    grpo: Trainer = field(default_factory=lambda: Trainer("configs/grpo_countdown.yaml"))
-    es: Trainer = field(default_factory=lambda: Trainer("configs/es_countdown.yaml"))
-    # MPI ranks of the ES runs (`mpirun -n ranks`; 1 = no mpirun).
-    ranks: int = 1
-    # Training seeds of every build, and further seeds for the builds named in
-    # more_seeds_for (cell names <size>-<steps>).
-    seeds: tuple[int, ...] = (0,)
-    more_seeds: tuple[int, ...] = (1, 2)
-    more_seeds_for: tuple[str, ...] = ()
-    # How every model is sampled on the held-out set (pass@1 and pass@n), on how many
-    # problems (null = all) and with which backend.
-    eval: SamplingConfig = field(default_factory=lambda: SamplingConfig(n=16))
-    eval_limit: int | None = None
-    eval_backend: str = choice("auto", lambda: ("auto", "hf", "vllm"))
-    bootstrap: int = 1000
-
-    def __post_init__(self):
-        check_choices(self)
-        if not self.sizes or not self.pretrain_steps:
-            raise BadInput("the grid is empty: give at least one model size (sizes: {name: "
-                           "{hidden_size: ..., num_layers: ..., ...}}) and one pretraining "
-                           "step count (pretrain_steps: [500, 1000]).")
-        if any(isinstance(s, bool) or not isinstance(s, int) or s < 1
-               for s in self.pretrain_steps):
-            raise BadInput(f"pretrain_steps must be positive whole numbers, got "
-                           f"{list(self.pretrain_steps)}.")
-        for name in self.sizes:
-            if not name.replace("_", "").isalnum():
-                raise BadInput(f"size name {name!r} must be letters, digits and _.")
-        unknown = sorted(set(self.more_seeds_for) - set(self.cells()))
-        if unknown:
-            raise BadInput(f"more_seeds_for names {unknown}, which are not cells of the grid "
-                           f"({', '.join(self.cells())}).")
-        if self.heldout_examples < 1 or self.ranks < 1 or self.bootstrap < 10:
-            raise BadInput("heldout_examples and ranks must be >= 1 and bootstrap >= 10.")
-        if self.eval_limit is not None and (isinstance(self.eval_limit, bool)
-                                            or not isinstance(self.eval_limit, int)
-                                            or self.eval_limit < 1):
-            raise BadInput(f"eval_limit must be a whole number >= 1 (the first that many "
-                           f"held-out problems) or null (all of them), got {self.eval_limit!r}.")
-
-    def cells(self) -> list[str]:
-        return [f"{size}-{steps}" for size in self.sizes for steps in self.pretrain_steps]
-
-    def seeds_of(self, cell: str) -> tuple[int, ...]:
-        return self.seeds + (self.more_seeds if cell in self.more_seeds_for else ())
 
 
 def build_overrides(cfg: ScalingConfig, size: str, steps: int) -> list[str]:
@@ -335,7 +244,7 @@ def run(cfg: ScalingConfig, out: Path) -> dict:
     # Builds and evaluations load models in this process: no weight-loading bar per model.
     hf_logging.disable_progress_bar()
     out.mkdir(parents=True, exist_ok=True)
-    (out / "scaling.yaml").write_text(dump_yaml(cfg))
+    write_text_atomic(out / "scaling.yaml", dump_yaml(cfg))
     runner = Runner(out, "scaling")
     if cfg.sft.enabled and cfg.domain == "countdown" and not (out / "sft_traces.jsonl").is_file():
         from es_llm.testbed.scaling import sft_traces

@@ -1,10 +1,13 @@
 """The layout's dependency rules hold: populations is model-free, the core never imports
 gradient, scripts/ sit on top (nothing imports them), only the console script imports the
-command line, and MPI / vLLM / torch.distributed stay behind their edge modules."""
+command line, and MPI / vLLM / torch.distributed stay behind their edge modules; and no
+production function, class or method is there for tests alone."""
 
 from __future__ import annotations
 
 import ast
+import re
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -150,3 +153,118 @@ def test_no_package_has_an_import_circle(package):
 def test_the_circle_finder_finds_a_late_import_circle(tmp_path):
     assert cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
     assert cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+
+
+# The packages whose every function, class and method needs a production caller (one tuple,
+# so a package joins the rule by one entry).
+PRODUCTION = ("es_llm", "populations", "scripts")
+# Where a production caller may live: every package (gradient builds on es_llm) and setup.cfg.
+CALLERS = ("es_llm", "populations", "scripts", "gradient")
+# The evotorch bridge's users arrive with a later change; until then only its tests call it.
+EXEMPT = ("populations/evotorch_bridge.py",)
+# Methods a library calls on a subclass without naming them in this code: torch's
+# Module.__call__ runs forward.
+LIBRARY_HOOKS = ("forward",)
+# A whole string that names code: an identifier, a dotted path or an entry point's module:attr.
+CODE_PATH = re.compile(r"[A-Za-z_][\w.]*(:[A-Za-z_][\w.]*)?")
+
+
+def definitions(tree: ast.Module) -> list[ast.AST]:
+    """The module-level functions and classes of ``tree`` and the methods of its classes."""
+    kinds = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+    found = []
+    for node in tree.body:
+        if isinstance(node, kinds):
+            found.append(node)
+        if isinstance(node, ast.ClassDef):
+            found += [n for n in node.body if isinstance(n, kinds[:2])]
+    return found
+
+
+def called_unnamed(node: ast.AST, script: bool) -> bool:
+    """Definitions used without their name appearing in code: dunders (Python calls them),
+    library hooks, decorated functions (a registry, property, context manager or no_grad
+    wrapper holds them) and a script's main."""
+    if node.name.startswith("__") and node.name.endswith("__") or node.name in LIBRARY_HOOKS:
+        return True
+    if isinstance(node, ast.ClassDef):
+        return False
+    return bool(node.decorator_list) or (script and node.name == "main")
+
+
+def references(tree: ast.AST) -> Counter:
+    """How often each name is used in ``tree``: as an ast.Name, an ast.Attribute or an
+    identifier of a string that names code (registry keys, entry points); docstrings are
+    prose, and an import (a re-export too) is no use by itself."""
+    docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                  if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef,
+                                    ast.AsyncFunctionDef))
+                  and n.body and isinstance(n.body[0], ast.Expr)
+                  and isinstance(n.body[0].value, ast.Constant)}
+    names = Counter()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Name):
+            names[n.id] += 1
+        elif isinstance(n, ast.Attribute):
+            names[n.attr] += 1
+        elif (isinstance(n, ast.Constant) and isinstance(n.value, str)
+              and id(n) not in docstrings and CODE_PATH.fullmatch(n.value)):
+            names.update(re.findall(r"\w+", n.value))
+    return names
+
+
+def parsed(root: Path, packages: tuple[str, ...]) -> dict[Path, ast.Module]:
+    return {p: ast.parse(p.read_text()) for package in packages
+            for p in sorted((root / package).rglob("*.py"))}
+
+
+def only_tests_call(root: Path, production: tuple[str, ...], callers: tuple[str, ...],
+                    exempt: tuple[str, ...] = ()) -> list[str]:
+    """``path:name`` of every definition in ``production`` whose name appears nowhere in the
+    ``callers`` packages or setup.cfg but in its own definition, while tests/ use it.
+    Methods match by name, so one implementing a protocol that its callers reach through
+    the base type counts as called."""
+    trees = parsed(root, callers)
+    used = sum((references(t) for t in trees.values()), Counter())
+    cfg = root / "setup.cfg"
+    used.update(re.findall(r"\w+", cfg.read_text()) if cfg.is_file() else [])
+    tested = sum((references(t) for t in parsed(root, ("tests",)).values()), Counter())
+    found = []
+    for path, tree in trees.items():
+        rel = path.relative_to(root)
+        if rel.parts[0] not in production or str(rel) in exempt:
+            continue
+        for node in definitions(tree):
+            if called_unnamed(node, rel.parts[0] == "scripts") or not tested[node.name]:
+                continue
+            # A call from inside its own body (recursion) is not a caller.
+            if used[node.name] == references(node)[node.name]:
+                found.append(f"{rel}:{node.name}")
+    return found
+
+
+def test_no_production_function_only_tests_call():
+    found = only_tests_call(ROOT, PRODUCTION, CALLERS, EXEMPT)
+    assert not found, ("only tests call these; wire them into the code that re-implements "
+                       f"them, or delete them with their tests: {found}")
+
+
+def test_the_caller_check_flags_a_function_only_a_test_calls(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "pkg" / "maths.py").write_text(
+        '"""pkg.maths:perimeter"""\n'
+        "def used():\n    return 1\n"
+        "def tested_only(n):\n    return tested_only(n - 1) if n else 0\n"
+        "def by_entry_point():\n    return 2\n"
+        "class Shape:\n    def area(self):\n        return used()\n"
+        "    def perimeter(self):\n        return 0\n"
+        "def run():\n    return Shape().area()\n")
+    (tmp_path / "setup.cfg").write_text("[options.entry_points]\nx = pkg.maths:by_entry_point\n")
+    (tmp_path / "tests" / "test_maths.py").write_text(
+        "from pkg.maths import Shape, by_entry_point, tested_only, used\n"
+        "def test_all():\n    assert used() + tested_only(2) + by_entry_point() == 3\n"
+        "    assert Shape().area() == 1 and Shape().perimeter() == 0\n")
+    assert only_tests_call(tmp_path, ("pkg",), ("pkg",)) == [
+        "pkg/maths.py:tested_only", "pkg/maths.py:perimeter"]
+    assert only_tests_call(tmp_path, ("pkg",), ("pkg",), ("pkg/maths.py",)) == []

@@ -49,15 +49,26 @@ def test_every_config_belongs_to_a_command():
 def test_experiment_configs_load_and_split_their_budget(path):
     import sys
 
+    from es_llm.studies import ExperimentConfig
+
+    # The budget's split is the script's: it loads every trainer's config, gradient's too.
     sys.path.insert(0, str(CONFIGS.parent / "scripts"))
     import experiment
 
-    cfg = load_config(experiment.ExperimentConfig, path=path)
+    cfg = load_config(ExperimentConfig, path=path)
     steps = experiment.plan(cfg)
     # SFT runs are not budget-matched (None); every other method spends the budget.
     assert set(steps) == set(cfg.methods) and len(cfg.seeds) == 3
     assert all(steps[m] >= 1 for m in steps if cfg.methods[m].kind != "sft")
     assert all(steps[m] is None for m in steps if cfg.methods[m].kind == "sft")
+
+
+@pytest.mark.parametrize("path", sorted(CONFIGS.glob("scaling_*.yaml")), ids=lambda p: p.name)
+def test_scaling_configs_load(path):
+    from es_llm.studies import ScalingConfig
+
+    cfg = load_config(ScalingConfig, path=path)
+    assert cfg.cells() and all(cfg.seeds_of(c) for c in cfg.cells())
 
 
 @pytest.mark.parametrize("path", sorted(CONFIGS.glob("es_*.yaml")), ids=lambda p: p.name)

@@ -15,6 +15,7 @@ import pytest
 from unusable_outs import KINDS, unusable_out, untouched
 
 from es_llm.io import read_jsonl
+from es_llm.studies import ExperimentConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "experiment_countdown_ci.yaml"
@@ -40,7 +41,7 @@ def test_each_method_spends_the_budget_in_its_own_steps():
     from es_llm.config import load_config
 
     # ES: 8 members x 16 prompts; low-rank: 64 members x 4 prompts each; GRPO: 8 x 4.
-    cfg = load_config(experiment.ExperimentConfig, path=CONFIG)
+    cfg = load_config(ExperimentConfig, path=CONFIG)
     assert experiment.plan(cfg) == {"es": 256 // 128, "lowrank": 256 // 256, "grpo": 256 // 32}
 
 
@@ -196,7 +197,7 @@ def test_studies_start_from_testbed_folders_and_read_the_experiment_folder(tmp_p
     experiment = _experiment_module()
     from es_llm.config import load_config
 
-    lr = load_config(experiment.ExperimentConfig,
+    lr = load_config(ExperimentConfig,
                      path=ROOT / "configs" / "experiment_latent_revise.yaml")
     assert experiment.plan(lr) == {"grpo": 120, "grpo_lr": 120, "sft_lr": None,
                                    "sft_base": None}
@@ -215,7 +216,7 @@ def test_studies_start_from_testbed_folders_and_read_the_experiment_folder(tmp_p
     again = experiment.training_command(lr.methods["sft_lr"], lr, 1, None, testbed,
                                         out / "runs" / "sft_lr-seed1", out)
     assert "--resume" not in again and not (out / "runs" / "sft_lr-seed1").exists()
-    swarr = load_config(experiment.ExperimentConfig, path=ROOT / "configs" / "experiment_swarr.yaml")
+    swarr = load_config(ExperimentConfig, path=ROOT / "configs" / "experiment_swarr.yaml")
     assert swarr.methods["grpo_swa"].model == "swa" and swarr.references["swa_no_sft"] == "swa/no_sft"
     assert experiment.plan(swarr) == {"grpo_full": 120, "grpo_swa": 120, "es_swa": 15}
 
@@ -240,7 +241,7 @@ def test_a_testbed_folder_is_reused_only_with_every_enabled_part_as_configured(t
     from es_llm.config import load_config
     from es_llm.testbed.config import load_testbed_config
 
-    cfg = load_config(experiment.ExperimentConfig, path=ROOT / "configs" / "experiment_swarr.yaml")
+    cfg = load_config(ExperimentConfig, path=ROOT / "configs" / "experiment_swarr.yaml")
     want = load_testbed_config(cfg.testbed, None, list(cfg.testbed_overrides))
     other = load_testbed_config(cfg.testbed, None, [*cfg.testbed_overrides, "swa.window=8"])
     info = {"size": cfg.testbed, "fingerprint": want.fingerprint()}
@@ -324,7 +325,7 @@ def _check_kept(out: Path, *overrides: str) -> None:
     from es_llm.config import load_config
 
     experiment = _experiment_module()
-    cfg = load_config(experiment.ExperimentConfig, path=CONFIG,
+    cfg = load_config(ExperimentConfig, path=CONFIG,
                       overrides=["seeds=[0]", *overrides])
     experiment.check_kept_outputs(cfg, out, experiment.plan(cfg))
 
@@ -369,7 +370,7 @@ def test_kept_runs_are_not_relabelled_by_a_rebuilt_testbed_or_a_shorter_budget(t
 
     out = tmp_path / "out"
     _ci_runs(out)
-    first = load_config(_experiment_module().ExperimentConfig, path=CONFIG,
+    first = load_config(ExperimentConfig, path=CONFIG,
                         overrides=["seeds=[0]"])
     (out / "experiment.yaml").write_text(dump_yaml(first))
     _check_kept(out)
@@ -423,7 +424,7 @@ def test_a_kept_recovery_and_finished_sft_run_must_match_the_settings(tmp_path):
              load_config(SFTRunConfig, path=sft, overrides=[f"model={testbed}", "epochs=9"]))
 
     def check(*overrides):
-        cfg = load_config(experiment.ExperimentConfig,
+        cfg = load_config(ExperimentConfig,
                           path=ROOT / "configs" / "experiment_latent_revise.yaml",
                           overrides=["seeds=[0]", *overrides])
         experiment.check_kept_outputs(cfg, out, experiment.plan(cfg))

@@ -15,27 +15,37 @@ import pytest
 from es_llm.errors import BadInput
 from es_llm.tasks import countdown
 from es_llm.testbed.config import load_testbed_config
-from es_llm.testbed.habits import slipped_example, trace_kind, with_habits
+from es_llm.testbed.habits import slipped_example, with_habits
 from es_llm.testbed.train import held_out_sets, training_example
 from es_llm.testbed.unseen import _key_of, pretraining_keys, unseen_countdown
 
 HABITS = ["data.guess_rates=[0.1,0.3,0.5]", "data.slip_rates=[0.05,0.1,0.2]"]
 
 
-@pytest.mark.parametrize("completion, kind", [
-    ("<answer>7+3*4</answer>", "guess"),
-    ("  <answer>7+3*4", "guess"),
-    ("7*3=21 21+4=25 <answer>7*3+4</answer>", "clean"),
-    ("7*3=21 21+4=26 <answer>7*3+4</answer>", "slip"),
-    ("8/4=2 2+5=7 <answer>8/4+5</answer>", "clean"),
-    ("10/4=2 2+5=7 <answer>10/4+5</answer>", "slip"),
-    ("9-4=5 5*0=0", "clean"),
-    ("7*3= 21+4=25", "slip"),
-    ("7/0=0", "slip"),
-    ("hello <answer>1</answer>", "slip"),
-])
-def test_trace_kinds_by_hand(completion, kind):
-    assert trace_kind(completion) == kind
+def trace_kind(completion: str) -> str:
+    """Which way a Countdown completion went: ``guess`` (an answer without steps), ``slip``
+    (steps whose arithmetic is wrong somewhere) or ``clean`` (every step's arithmetic
+    holds, whether or not it reaches the target): how these tests tell the careless
+    solver's traces apart."""
+    text = completion.split("<answer>", 1)[0].split()
+    if not text:
+        return "guess"
+    return "clean" if all(_step_holds(step) for step in text) else "slip"
+
+
+def _step_holds(step: str) -> bool:
+    """``a<op>b=c`` with c = a op b exactly; anything else (a malformed step too) fails."""
+    left, eq, right = step.partition("=")
+    if not eq or not right.isdigit():
+        return False
+    for op in "+-*/":
+        a, sep, b = left.partition(op)
+        if sep and a.isdigit() and b.isdigit():
+            x, y = int(a), int(b)
+            if op == "/":
+                return y != 0 and Fraction(x, y) == int(right)
+            return {"+": x + y, "-": x - y, "*": x * y}[op] == int(right)
+    return False
 
 
 def test_a_slip_changes_one_written_result_and_carries_it_on():

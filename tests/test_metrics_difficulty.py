@@ -8,9 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from es_llm.metrics.difficulty import (accuracy_by_bin, base_difficulty, bin_labels,
-                                       difficulty_bins, drg, drg_auc,
-                                       paired_difference_by_bin, rarely_solved_share)
+from es_llm.metrics.difficulty import (accuracy_by_bin, bin_labels, difficulty_bins, drg,
+                                       drg_auc, paired_difference_by_bin, rarely_solved_share)
 
 
 def test_failing_only_the_hard_items_is_plus_one_and_the_easy_ones_minus_one():
@@ -54,8 +53,7 @@ def test_drg_interval_brackets_the_value():
 
 
 def test_bins_labels_and_per_bin_accuracy():
-    e = base_difficulty([8, 6, 3, 0, 0], 8)  # 0, .25, .625, 1, 1
-    assert e.tolist() == [0.0, 0.25, 0.625, 1.0, 1.0]
+    e = 1 - np.array([8, 6, 3, 0, 0]) / 8  # failure rates 0, .25, .625, 1, 1
     bins = difficulty_bins(e)
     assert bins.tolist() == [0, 1, 2, 4, 4]
     assert bin_labels() == ["<0.25", "0.25-0.5", "0.5-0.75", "0.75-0.95", ">=0.95"]
@@ -81,7 +79,6 @@ def test_rarely_solved_share():
 @pytest.mark.parametrize("call", [
     lambda: drg_auc([0.1, 0.2], [1.0]),
     lambda: drg_auc([0.1, 0.2], [1.5, 0.0]),
-    lambda: base_difficulty([9], 8),
     lambda: difficulty_bins([0.1], edges=(0.5, 0.2)),
 ])
 def test_bad_input_is_refused(call):

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from populations.noise import (Member, direction_and_sign, gaussian, keyed_noise,
-                               member_seeds, noise_key, population)
+from populations.noise import (Member, direction_and_sign, gaussian, keyed_noise, noise_key,
+                               population)
 
 SHAPES = {"embed.weight": (7, 5), "layers.0.mlp.weight": (4, 3), "norm.bias": (5,)}
 
@@ -103,12 +103,3 @@ def test_antithetic_members_share_a_direction_with_opposite_signs():
 def test_bad_population_sizes_raise(N, antithetic):
     with pytest.raises(ValueError):
         population(N, antithetic)
-
-
-def test_member_seeds_rebuild_member_noise():
-    rows = member_seeds(11, 4, 4, antithetic=True)
-    assert rows[3] == {"member": 3, "run_seed": 11, "iteration": 4, "direction": 1, "sign": -1}
-    # A ledger row is enough to regenerate member 3's perturbation of any tensor.
-    r = rows[3]
-    eps = r["sign"] * gaussian(noise_key(r["run_seed"], r["iteration"], r["direction"], "w"), (3,))
-    assert torch.equal(eps, -keyed_noise(11, 4)(1, "w", (3,)))

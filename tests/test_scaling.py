@@ -19,6 +19,7 @@ from es_llm.compare.scaling import (analyze, difficulty_change, run_slope,
                                     shared_batch_correlation)
 from es_llm.errors import BadInput
 from es_llm.metrics.fits import curve_slope, line_band, linear_fit
+from es_llm.studies import ScalingConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 CI_CONFIG = ROOT / "configs" / "scaling_countdown_ci.yaml"
@@ -275,17 +276,17 @@ def test_a_grown_grid_reuses_stages_but_other_stage_settings_are_refused(tmp_pat
     study = _script()
     from es_llm.config import dump_yaml, load_config
 
-    cfg = load_config(study.ScalingConfig, path=CI_CONFIG)
+    cfg = load_config(ScalingConfig, path=CI_CONFIG)
     (tmp_path / "scaling.yaml").write_text(dump_yaml(cfg))
     for grown in (["seeds=[0,3]"], ["pretrain_steps=[60,120,240]"], ["bootstrap=50"],
                   ["more_seeds_for=[s-60]"]):
-        study.check_reused_stages(load_config(study.ScalingConfig, path=CI_CONFIG,
+        study.check_reused_stages(load_config(ScalingConfig, path=CI_CONFIG,
                                               overrides=grown), tmp_path)
     for changed, named in ((["eval_limit=3"], "eval_limit"), (["sft.lr=0.001"], "sft"),
                            (["es.overrides=[es.sigma=0.01]"], "es"),
                            (["heldout_examples=7", "eval.seed=1"], "heldout_examples, eval ")):
         with pytest.raises(BadInput, match=named):
-            study.check_reused_stages(load_config(study.ScalingConfig, path=CI_CONFIG,
+            study.check_reused_stages(load_config(ScalingConfig, path=CI_CONFIG,
                                                   overrides=changed), tmp_path)
 
 
@@ -299,12 +300,12 @@ def test_the_chess_grid_loads_and_names_its_builds():
     from es_llm.config import load_config
 
     scaling_study = _script()
-    cfg = load_config(scaling_study.ScalingConfig, path=ROOT / "configs" / "scaling_chess.yaml")
+    cfg = load_config(ScalingConfig, path=ROOT / "configs" / "scaling_chess.yaml")
     assert len(cfg.cells()) == 12 and cfg.seeds_of("l-1000") == (0, 1, 2)
     over = scaling_study.build_overrides(cfg, "xl", 500)
     assert "chess.enabled=true" in over and "chess.model.hidden_size=192" in over
     assert "chess.train.steps=500" in over
     scaling_study.check(cfg)
-    countdown = load_config(scaling_study.ScalingConfig,
+    countdown = load_config(ScalingConfig,
                             path=ROOT / "configs" / "scaling_countdown.yaml")
     assert "model.num_layers=6" in scaling_study.build_overrides(countdown, "xl", 250)

@@ -75,10 +75,6 @@ class ESWorkerExtension:
                 _repack_tied(modules, layer, leaf)
         return len(groups)
 
-    def es_read(self, name: str) -> torch.Tensor:
-        """A copy of one plain (not repacked) vLLM parameter, for tests."""
-        return dict(self.model_runner.model.named_parameters())[name].detach().clone()
-
 
 @torch.no_grad()
 def _write(layer: torch.nn.Module, leaf: str, full: torch.Tensor, repack: bool) -> None:

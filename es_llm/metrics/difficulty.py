@@ -12,7 +12,7 @@ per-problem success rates.
 - ``difficulty_bins`` / ``accuracy_by_bin`` / ``paired_difference_by_bin``: accuracy per
   difficulty bin and the paired gain of one model over another per bin, with bootstrap
   intervals over the bin's problems. With the base model's failure rate ``1 - c_i / n`` as
-  the difficulty (``base_difficulty``), gains on base-hard bins are capability, gains on
+  the difficulty, gains on base-hard bins are capability, gains on
   base-easy ones sharpening (Yue et al. 2025's question, asked per bin).
 - ``rarely_solved_share``: of the problems a model solves, the share the base model solved
   in fewer than 5% of its samples.
@@ -44,16 +44,6 @@ def _rates(name: str, values_P, size: int | None = None) -> np.ndarray:
     if not np.all(np.isfinite(x)) or x.min() < 0 or x.max() > 1:
         raise ValueError(f"{name} must hold rates in [0, 1]")
     return x
-
-
-def base_difficulty(correct_counts_P, n: int) -> np.ndarray:
-    """``e_P = 1 - c_P / n``: the base model's failure rate per problem (n samples each)."""
-    if not (isinstance(n, int) and n >= 1):
-        raise ValueError(f"n must be a positive integer, got {n!r}")
-    c = np.asarray(correct_counts_P, dtype=np.float64).reshape(-1)
-    if c.size == 0 or c.min() < 0 or c.max() > n:
-        raise ValueError(f"correct counts must lie in [0, {n}] and not be empty")
-    return 1.0 - c / n
 
 
 def drg_auc(difficulty_P, accuracy_P) -> float:

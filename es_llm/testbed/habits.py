@@ -21,7 +21,6 @@ draws exactly the random numbers it drew before habits existed.
 from __future__ import annotations
 
 import random
-from fractions import Fraction
 
 from es_llm.tasks import countdown
 from es_llm.tasks.base import Problem
@@ -56,29 +55,3 @@ def slipped_example(rng: random.Random, numbers: list[int],
         if 1 <= written <= max_target:
             return countdown.worked_example(numbers, written, tree, steps)
     return None
-
-
-def trace_kind(completion: str) -> str:
-    """Which way a Countdown completion went about its problem: ``guess`` (an answer
-    without steps), ``slip`` (steps whose arithmetic is wrong somewhere) or ``clean``
-    (the steps' arithmetic holds, whether or not it reaches the target). A diagnostic for
-    pretraining traces and for what a model writes; the reward is the task's verifier."""
-    text = completion.split("<answer>", 1)[0].split()
-    if not text:
-        return "guess"
-    return "clean" if all(_step_holds(step) for step in text) else "slip"
-
-
-def _step_holds(step: str) -> bool:
-    """``a<op>b=c`` with c = a op b exactly; anything else (a malformed step too) fails."""
-    left, eq, right = step.partition("=")
-    if not eq or not right.isdigit():
-        return False
-    for op in "+-*/":
-        a, sep, b = left.partition(op)
-        if sep and a.isdigit() and b.isdigit():
-            x, y = int(a), int(b)
-            if op == "/":
-                return y != 0 and Fraction(x, y) == int(right)
-            return {"+": x + y, "-": x - y, "*": x * y}[op] == int(right)
-    return False

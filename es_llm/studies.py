@@ -1,0 +1,253 @@
+"""The configs of the studies that run `es-llm` commands as stages: the head-to-head
+experiment (``ExperimentConfig``: its methods, the LatentRevise recovery before them, the
+comparison; ``scripts/experiment.py``) and the pretraining-to-post-training study
+(``ScalingConfig``: the grid of testbed builds, SFT, the fixed-budget trainers;
+``scripts/scaling_study.py``). They are YAML sections like every other config, so their
+files under configs/ load and are checked without running a study."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from es_llm.backends import BACKEND_NAMES
+from es_llm.compare.config import BudgetConfig
+from es_llm.config import check_choices, choice
+from es_llm.errors import BadInput
+from es_llm.evaluate import SamplingConfig
+from es_llm.tasks import task_names
+from es_llm.testbed.config import ModelShape
+from es_llm.testbed.scaling import DOMAINS
+
+# The trainers a method of the experiment may use.
+KINDS = ("es", "grpo", "sft")
+
+
+@dataclass(frozen=True)
+class Method:
+    # Which trainer: es (`es-llm es`, under mpirun with `ranks`), grpo (`es-llm grpo`) or sft
+    # (`es-llm sft`: not budget-matched, its length is its config's epochs).
+    kind: str = choice("es", lambda: KINDS)
+    # Training config (a YAML under configs/) and overrides applied to every seed's run
+    # ({out} stands for the experiment folder).
+    config: str = ""
+    overrides: tuple[str, ...] = ()
+    # The starting model: a folder inside the testbed ("" = the base model itself, e.g. swa
+    # for the sliding-window conversion that testbed_overrides swa.enabled=true builds).
+    model: str = ""
+    # Accuracy against budget beyond the head-to-head: a copy of each finished run of these
+    # seeds is continued to `extend` times budget_samples (runs/<name>-seed<k>-x<extend>,
+    # a checkpoint at every multiple of the budget); 1 = no extension.
+    extend: int = 1
+    extend_seeds: tuple[int, ...] = (0,)
+
+    def __post_init__(self):
+        check_choices(self)
+        if not self.config:
+            raise BadInput("every method needs config: a training YAML under configs/ (e.g. "
+                           "configs/es_countdown.yaml).")
+        if self.extend < 1:
+            raise BadInput(f"extend must be at least 1 (times budget_samples), got {self.extend}.")
+        if self.kind == "sft" and self.extend > 1:
+            raise BadInput("an sft method has no budget to extend; leave extend at 1.")
+
+
+@dataclass(frozen=True)
+class RecoverStage:
+    # Run `es-llm latent-revise` on the base model before training (into OUT/recover), with
+    # this config and overrides; methods read its files through {out}/recover/... .
+    enabled: bool = False
+    config: str = "configs/latent_revise_countdown.yaml"
+    overrides: tuple[str, ...] = ()
+
+
+def _default_methods() -> dict[str, Method]:
+    return {"es": Method("es", "configs/es_countdown.yaml"),
+            "grpo": Method("grpo", "configs/grpo_countdown.yaml")}
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    # Testbed preset (ci or default) and its overrides.
+    testbed: str = "default"
+    testbed_overrides: tuple[str, ...] = ("teachers.enabled=false", "diffusion.enabled=false")
+    task: str = choice("countdown", task_names)
+    # Training seeds; every method trains once per seed from the same base model.
+    seeds: tuple[int, ...] = (0, 1, 2)
+    # Generated samples per training run, the same for every method: ES iterations and GRPO
+    # steps are derived from it, so it must be a multiple of every per-step sample count.
+    budget_samples: int = 40960
+    # MPI ranks of the ES runs (`mpirun -n ranks`).
+    ranks: int = 2
+    # The methods by name (the report's labels, runs/<name>-seed<k>): a YAML `methods:`
+    # mapping replaces this default as a whole.
+    methods: dict[str, Method] = field(default_factory=_default_methods)
+    # Untrained models compared beside the base: a label and a folder inside the testbed
+    # (e.g. swa_no_sft: swa/no_sft).
+    references: dict[str, str] = field(default_factory=dict)
+    # LatentRevise's recovery of zero-hit training prompts, before the methods train.
+    latent_revise: RecoverStage = field(default_factory=RecoverStage)
+    # How the comparison samples every model (identical for all), on how many of the
+    # held-out problems (None = all) and with which backend.
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    eval_limit: int | None = None
+    eval_backend: str = choice("auto", lambda: BACKEND_NAMES)
+    # Capability or sharpening: the comparison also reads every model greedily and sampled
+    # at these temperatures (and sampling.temperature), on the held-out file and on a
+    # never-seen set of never_seen_per_tier problems per tier (scripts/unseen_countdown.py,
+    # seed never_seen_seed; 0 = no such set), with views_n samples per problem. Off by
+    # default ([] and 0): the comparison then reads the held-out file at `sampling` only.
+    temperatures: tuple[float, ...] = ()
+    never_seen_per_tier: int = 0
+    never_seen_seed: int = 0
+    views_n: int = 8
+    # Accuracy against training budget in the report: every checkpoint along each run (the
+    # extended ones where a method has them) and the base model read on the never-seen set
+    # (else the held-out file), with the `budget` settings of `es-llm compare`; its runs
+    # are filled in here.
+    budget_study: bool = False
+    budget: BudgetConfig = field(default_factory=BudgetConfig)
+
+    def __post_init__(self):
+        check_choices(self)
+        self._check_numbers()
+        if not self.methods:
+            raise BadInput("methods is empty; name at least one, e.g. methods: {es: {kind: es, "
+                           "config: configs/es_countdown.yaml}}.")
+        if self.budget.runs:
+            raise BadInput("budget.runs is filled in by the experiment (every run of every "
+                           "method); leave it empty and set budget_study: true.")
+        clash = set(self.references) & set(self.methods)
+        if clash or "base" in self.references:
+            raise BadInput(f"references may not reuse a method's name or 'base': "
+                           f"{sorted(clash | ({'base'} & set(self.references)))}.")
+        for name in self.references:
+            if not name.replace("_", "").isalnum():
+                raise BadInput(f"reference name {name!r} must be letters, digits and _.")
+        for name, m in self.methods.items():
+            if name in ("base",) or not name.replace("_", "").isalnum():
+                raise BadInput(f"method name {name!r} must be letters, digits and _ and not "
+                               f"'base' (the base model's label).")
+            missing = sorted(set(m.extend_seeds) - set(self.seeds)) if m.extend > 1 else []
+            if missing:
+                raise BadInput(f"methods.{name}.extend_seeds {missing} are not training seeds "
+                               f"(seeds: {list(self.seeds)}).")
+
+    def _check_numbers(self) -> None:
+        """BadInput for a seed list, budget, rank count or comparison size no stage could
+        run with."""
+        if not self.seeds:
+            raise BadInput("seeds is empty; give at least one training seed (every method "
+                           "trains once per seed), e.g. seeds: [0, 1, 2].")
+        repeated = sorted({s for s in self.seeds if self.seeds.count(s) > 1})
+        if repeated:
+            raise BadInput(f"seeds {list(self.seeds)} repeat {repeated}; each seed is one run "
+                           f"per method (runs/<name>-seed<k>), so list each once.")
+        if self.budget_samples < 1:
+            raise BadInput(f"budget_samples must be at least 1 generated sample per training "
+                           f"run, got {self.budget_samples}.")
+        if self.ranks < 1:
+            raise BadInput(f"ranks must be at least 1 (the MPI ranks of each ES run; 1 runs it "
+                           f"without mpirun), got {self.ranks}.")
+        if self.eval_limit is not None and self.eval_limit < 1:
+            raise BadInput(f"eval_limit must be at least 1 held-out problem, or null for all of "
+                           f"them, got {self.eval_limit}.")
+        if any(not t > 0 for t in self.temperatures):
+            raise BadInput(f"temperatures must be above 0 (the comparison reads every model "
+                           f"greedily whenever they are set), got {list(self.temperatures)}.")
+        if self.never_seen_per_tier < 0:
+            raise BadInput(f"never_seen_per_tier must be 0 (no never-seen set) or a number of "
+                           f"problems per tier, got {self.never_seen_per_tier}.")
+        if self.views_n < 1:
+            raise BadInput(f"views_n must be at least 1 sample per problem, got {self.views_n}.")
+
+
+@dataclass(frozen=True)
+class Trainer:
+    # Training config (a YAML under configs/), its overrides, and the run's length: GRPO
+    # steps or ES iterations, the same for every build (a fixed post-training budget).
+    config: str = ""
+    overrides: tuple[str, ...] = ()
+    length: int = 10
+
+    def __post_init__(self):
+        if not self.config or self.length < 2:
+            raise BadInput(f"grpo and es need a config (a YAML under configs/) and a length "
+                           f">= 2 (a reward slope needs two points), got "
+                           f"config={self.config!r}, length={self.length}.")
+
+
+@dataclass(frozen=True)
+class SFTStage:
+    # Between pretraining and RL, SFT on freshly generated worked traces (Countdown only:
+    # chess completions here are the move alone), `traces` rows for `epochs` epochs.
+    enabled: bool = True
+    traces: int = 2000
+    epochs: int = 1
+    batch_size: int = 32
+    lr: float = 3e-4
+
+    def __post_init__(self):
+        if self.traces < 1 or self.epochs < 1 or self.batch_size < 1 or not self.lr > 0:
+            raise BadInput("sft needs traces, epochs and batch_size >= 1 and lr > 0.")
+
+
+@dataclass(frozen=True)
+class ScalingConfig:
+    # The domain: countdown (the student's mix) or chess (the chess domain model).
+    domain: str = choice("countdown", lambda: tuple(DOMAINS))
+    # Testbed preset every build starts from, and overrides applied to all of them.
+    testbed: str = "default"
+    testbed_overrides: tuple[str, ...] = ("teachers.enabled=false",)
+    # Model shapes by name (ModelShape fields; head size hidden_size / num_heads in 32, 64, ...)
+    # and pretraining steps: every size is built at every step count.
+    sizes: dict[str, ModelShape] = field(default_factory=dict)
+    pretrain_steps: tuple[int, ...] = ()
+    # Examples of the held-out stream each build's loss is measured on.
+    heldout_examples: int = 512
+    sft: SFTStage = field(default_factory=SFTStage)
+    grpo: Trainer = field(default_factory=lambda: Trainer("configs/grpo_countdown.yaml"))
+    es: Trainer = field(default_factory=lambda: Trainer("configs/es_countdown.yaml"))
+    # MPI ranks of the ES runs (`mpirun -n ranks`; 1 = no mpirun).
+    ranks: int = 1
+    # Training seeds of every build, and further seeds for the builds named in
+    # more_seeds_for (cell names <size>-<steps>).
+    seeds: tuple[int, ...] = (0,)
+    more_seeds: tuple[int, ...] = (1, 2)
+    more_seeds_for: tuple[str, ...] = ()
+    # How every model is sampled on the held-out set (pass@1 and pass@n), on how many
+    # problems (null = all) and with which backend.
+    eval: SamplingConfig = field(default_factory=lambda: SamplingConfig(n=16))
+    eval_limit: int | None = None
+    eval_backend: str = choice("auto", lambda: ("auto", "hf", "vllm"))
+    bootstrap: int = 1000
+
+    def __post_init__(self):
+        check_choices(self)
+        if not self.sizes or not self.pretrain_steps:
+            raise BadInput("the grid is empty: give at least one model size (sizes: {name: "
+                           "{hidden_size: ..., num_layers: ..., ...}}) and one pretraining "
+                           "step count (pretrain_steps: [500, 1000]).")
+        if any(isinstance(s, bool) or not isinstance(s, int) or s < 1
+               for s in self.pretrain_steps):
+            raise BadInput(f"pretrain_steps must be positive whole numbers, got "
+                           f"{list(self.pretrain_steps)}.")
+        for name in self.sizes:
+            if not name.replace("_", "").isalnum():
+                raise BadInput(f"size name {name!r} must be letters, digits and _.")
+        unknown = sorted(set(self.more_seeds_for) - set(self.cells()))
+        if unknown:
+            raise BadInput(f"more_seeds_for names {unknown}, which are not cells of the grid "
+                           f"({', '.join(self.cells())}).")
+        if self.heldout_examples < 1 or self.ranks < 1 or self.bootstrap < 10:
+            raise BadInput("heldout_examples and ranks must be >= 1 and bootstrap >= 10.")
+        if self.eval_limit is not None and (isinstance(self.eval_limit, bool)
+                                            or not isinstance(self.eval_limit, int)
+                                            or self.eval_limit < 1):
+            raise BadInput(f"eval_limit must be a whole number >= 1 (the first that many "
+                           f"held-out problems) or null (all of them), got {self.eval_limit!r}.")
+
+    def cells(self) -> list[str]:
+        return [f"{size}-{steps}" for size in self.sizes for steps in self.pretrain_steps]
+
+    def seeds_of(self, cell: str) -> tuple[int, ...]:
+        return self.seeds + (self.more_seeds if cell in self.more_seeds_for else ())
