@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from gradient.aggregation import aggregate, aggregation_names, count_seqs, count_tokens
+from gradient.maths.aggregation import aggregate, aggregation_names, count_seqs, count_tokens
 
 F64 = torch.float64
 MODES = ["seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "token-mean"]

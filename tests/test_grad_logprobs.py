@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from es_llm.backends.base import SamplingParams
 from es_llm.backends.hf import HFBackend, sampled_logprobs
 from es_llm.io import read_jsonl
-from gradient.logprobs import completion_logprobs
+from gradient.maths.logprobs import completion_logprobs
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

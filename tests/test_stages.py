@@ -12,9 +12,10 @@ import pytest
 import torch
 
 from es_llm.config import load_config
-from gradient.batch import Rollout, RolloutBatch
 from gradient.config import GRPORunConfig
-from gradient.stages import BIRTH, StageInput, plan
+from gradient.loop.batch import Rollout, RolloutBatch
+from gradient.loop.birth_stages import BIRTH, Stage, StageInput
+from gradient.loop.plan import BIRTH_ORDER, plan
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -92,20 +93,40 @@ def test_each_kind_of_config_gets_its_stages_and_terms():
     assert kl.terms == ("policy", "entropy", "kl") and "freeze_reference" in kl.birth
 
 
+def test_a_stage_without_a_place_in_the_order_fails_at_plan_time():
+    stage = Stage(lambda inp, batch: (batch, {}), when=lambda cfg, edges: False)
+    with BIRTH.registered("unplaced", stage), pytest.raises(ValueError, match="unplaced"):
+        _plan("grpo_countdown.yaml")
+
+
+def test_an_order_naming_an_unregistered_stage_or_term_fails_at_plan_time(monkeypatch):
+    import gradient.loop.plan as plan_module
+
+    monkeypatch.setattr(plan_module, "BIRTH_ORDER", BIRTH_ORDER + ("typo",))
+    with pytest.raises(ValueError, match="typo"):
+        _plan("grpo_countdown.yaml")
+    monkeypatch.undo()
+    monkeypatch.setattr(plan_module, "TERM_ORDER", ("policy", "entropy", "kl"))
+    with pytest.raises(ValueError, match="divergence"):
+        _plan("grpo_countdown.yaml")
+
+
 def _method_names() -> set[str]:
-    from gradient.advantages import advantage_names
-    from gradient.aggregation import aggregation_names
+    from gradient.maths.advantages import advantage_names
+    from gradient.maths.aggregation import aggregation_names
     from gradient.distill.methods import distill_method_names
     from gradient.dllm.estimators import estimator_names
-    from gradient.kl import kl_names
-    from gradient.losses import loss_names
+    from gradient.maths.kl import kl_names
+    from gradient.maths.losses import loss_names
 
     return {"none", *advantage_names(), *aggregation_names(), *distill_method_names(),
             *estimator_names(), *kl_names(), *loss_names()}
 
 
-@pytest.mark.parametrize("module", ["gradient/trainer.py", "gradient/distill/birth.py",
-                                    "gradient/distill/scoring.py", "gradient/stages.py"])
+@pytest.mark.parametrize("module", ["gradient/loop/trainer.py", "gradient/distill/birth.py",
+                                    "gradient/distill/scoring.py", "gradient/loop/plan.py",
+                                    "gradient/loop/birth_stages.py",
+                                    "gradient/loop/loss_terms.py"])
 def test_no_method_name_is_compared_in_the_loop(module):
     names = _method_names()
     tree = ast.parse((ROOT / module).read_text())

@@ -24,7 +24,7 @@ import torch
 
 def sampled_mismatch(vl, model, prompts: list[str], temperature: float) -> dict:
     from es_llm.backends.base import SamplingParams
-    from gradient.logprobs import completion_logprobs
+    from gradient.maths.logprobs import completion_logprobs
 
     params = SamplingParams(n=4, temperature=temperature, max_tokens=32, seed=5, logprobs=True)
     out = vl.generate(prompts, params)

@@ -2,7 +2,7 @@
 
 OPD is the GRPO-family loop with a teacher that scores the student's own rollouts, so every
 method here is an advantage transform, a token or sample weighting, or a target builder that
-the existing trainer feeds into ``gradient.losses`` and ``gradient.aggregation``:
+the existing trainer feeds into ``gradient.maths.losses`` and ``gradient.maths.aggregation``:
 
 - ``opd``: the sampled-token reverse-KL advantage (Tinker form), its combination with a task
   reward advantage, and TRL's generalized JSD over full or top-K vocabularies (GKD);

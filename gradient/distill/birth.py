@@ -11,12 +11,12 @@ from dataclasses import replace
 import torch
 
 from es_llm.backends import BackendSpec, SamplingParams, make_backend
-from gradient.batch import Rollout, RolloutBatch
+from gradient.loop.batch import Rollout, RolloutBatch
 from gradient.distill.methods import DistillInput, method_spec, run_distill
 from gradient.distill.rstg import failed_groups, linear_anneal
 from gradient.distill.scoring import token_logp
-from gradient.logprobs import completion_logits, pad_rows, token_stats
-from gradient.seeds import derive_seed
+from gradient.maths.logprobs import completion_logits, pad_rows, token_stats
+from gradient.loop.seeds import derive_seed
 
 
 @torch.no_grad()

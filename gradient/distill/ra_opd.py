@@ -67,7 +67,7 @@ def kept_token_normaliser(keep_B: torch.Tensor, mask_B_T: torch.Tensor) -> torch
     """Z: the number of kept tokens in this call, a 0-d float tensor on the mask's device.
 
     The paper divides the summed OPD loss by Z over the batch; the trainer sums this over
-    micro-batches and ranks (the global token normaliser of ``gradient.aggregation``). Z = 0
+    micro-batches and ranks (the global token normaliser of ``gradient.maths.aggregation``). Z = 0
     means a zero gradient: every kept loss entry is 0 then, so divide by ``max(Z, 1)``.
     """
     return kept_token_mask(keep_B, mask_B_T).sum().to(torch.get_default_dtype())

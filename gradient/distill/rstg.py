@@ -88,7 +88,7 @@ def hybrid_advantage(grpo_adv_B: torch.Tensor, adv_opd_B_T: torch.Tensor, failed
         A_t = A^GRPO_b                               otherwise,
 
     0 at masked positions. ``grpo_adv_B``: the group advantage of each row (any estimator of
-    ``gradient.advantages``; in a failed group it is 0 anyway); ``adv_opd_B_T``:
+    ``gradient.maths.advantages``; in a failed group it is 0 anyway); ``adv_opd_B_T``:
     ``opd.reverse_kl_advantage``; ``failed_B``: ``failed_groups`` broadcast to rows;
     ``omega_B`` in [0, 1]: the teacher's precomputed solve rate (paper: mean@8) on the row's
     prompt; ``beta``: ``linear_anneal``'s value this step; ``select_B_T``: ``top_fraction``

@@ -4,7 +4,7 @@ around the pure maths of ``opd``, ``w2s`` and ``avsd``).
 A scorer gives the teacher's log-probs of the sampled tokens at a rollout's birth
 (``MethodSpec.scorer``, run by ``token_logp``); a divergence gives the per-token divergence
 of the student's full next-token distributions from the method's target
-(``MethodSpec.divergence``, a loss term of ``gradient.stages``). Methods name these functions
+(``MethodSpec.divergence``, a loss term of ``gradient.loop.loss_terms``). Methods name these functions
 themselves, so there is no name to mistype.
 ``models`` maps a role (teacher, base, positive, negative) to a frozen causal LM; the student
 is passed separately since its weights change.
@@ -18,7 +18,7 @@ from gradient.distill.avsd import avsd_target, jensen_bound_holds
 from gradient.distill.opd import generalized_jsd
 from gradient.distill.w2s import proxy_teacher_logits
 from gradient.dllm.estimators import teacher_view_targets
-from gradient.logprobs import completion_logits, token_stats
+from gradient.maths.logprobs import completion_logits, token_stats
 
 
 def view_hint(problem, view: str) -> str:

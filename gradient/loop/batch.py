@@ -2,7 +2,7 @@
 
 A ``Rollout`` is one completion the policy is trained on (sampled by the engine, or given, as
 RSTG's teacher trajectories): its token ids, what the sampler and the verifier said of it,
-and the fields birth stages attach (``gradient.stages``). It is frozen: a stage returns new
+and the fields birth stages attach (``gradient.loop.birth_stages``). It is frozen: a stage returns new
 rollouts with ``dataclasses.replace``, so a rollout kept in the replay buffer cannot be
 changed behind its back. A ``RolloutBatch`` is an ordered tuple of them, and ``padded``
 collates one micro-batch into the ``_B_T`` tensors the loss terms read, once.
@@ -19,8 +19,8 @@ from typing import Iterator, Sequence
 
 import torch
 
-from gradient.logprobs import pad_rows
-from gradient.seeds import derive_seed
+from gradient.maths.logprobs import pad_rows
+from gradient.loop.seeds import derive_seed
 
 
 @dataclass(frozen=True)
@@ -115,7 +115,7 @@ class RolloutBatch:
 
     @staticmethod
     def from_groups(groups, seed: int, step: int) -> "RolloutBatch":
-        """One rollout per sampled completion of ``groups`` (``gradient.rollouts.Groups``,
+        """One rollout per sampled completion of ``groups`` (``gradient.loop.rollouts.Groups``,
         prompt-major), each with the seed of its log-prob masks."""
         G = groups.rewards_P_G.shape[1]
         reward_B = groups.rewards_P_G.reshape(-1).tolist()

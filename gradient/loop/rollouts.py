@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 import torch
 
 from es_llm.backends.base import SamplingParams
-from gradient import adaprefix, dapo
+from gradient.maths import adaprefix, dapo
 from gradient.config import GRPORunConfig
 from gradient.dllm.estimators import estimator_spec
-from gradient.seeds import derive_seed
+from gradient.loop.seeds import derive_seed
 
 
 @dataclass
