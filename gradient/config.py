@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from es_llm.config import check_choices, choice
 from es_llm.errors import BadInput
 from es_llm.tasks import TaskConfig
-from gradient.maths.adaprefix import PrefixControllerConfig
 from gradient.distill.config import DistillSettings
+from gradient.maths.adaprefix import PrefixControllerConfig
 from gradient.maths.replay import ReplayConfig
 
 

@@ -43,8 +43,8 @@ from es_llm.run_folder import check_out_path
 from es_llm.stage_runner import Runner, es_llm_command, finished
 from es_llm.tasks import task_names
 from es_llm.testbed.config import MODEL_TASKS, load_testbed_config
-from gradient.config import GRPORunConfig
 from gradient.commands.grpo_command import RESUME_KEYS as GRPO_RESUME_KEYS
+from gradient.config import GRPORunConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 

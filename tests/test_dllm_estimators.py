@@ -151,8 +151,8 @@ def test_dopsd_teacher_sees_the_later_state_and_keeps_what_it_decoded():
 
 
 def test_quadrature_rows_carry_the_level_weights():
-    from gradient.loop.batch import Rollout, RolloutBatch
     from gradient.dllm.estimators import estimator_spec
+    from gradient.loop.batch import Rollout, RolloutBatch
 
     one = Rollout(prompt_ids=[1], completion_ids=[2, 3], engine_logp=None, reward=1.0,
                   correct=True, problem=None, group=0, adv=1.0)

@@ -12,10 +12,10 @@ import torch
 
 from es_llm.cli import main
 from es_llm.tasks import Problem
+from gradient.commands.recovery import ReviseSettings, prefix_steps, split_rollout, step_spans
 from gradient.loop.batch import Rollout, RolloutBatch
 from gradient.maths.latent_revise import (RevisionProblem, continuation_logp, frank_wolfe_step,
                                     hard_decode, revise, revise_loss)
-from gradient.commands.recovery import ReviseSettings, prefix_steps, split_rollout, step_spans
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -343,7 +343,7 @@ def test_recovered_row_joins_only_a_group_without_success_with_its_advantages_by
     std = (0.8 / 4) ** 0.5
     assert [r.adv for r in out[:5]] == pytest.approx([-0.2 / std] * 4 + [0.8 / std], rel=1e-5)
     extra = out[4]
-    assert extra.off_policy and extra.correct and extra.engine_logp is None
+    assert extra.correct and extra.engine_logp is None
     assert extra.completion_ids == [7, 8, 2] and extra.group == 0 and extra.problem is a
     assert [r.adv for r in out[5:]] == [0.0] * 4
     # The plan has the stage only when the run names a recovered set.

@@ -48,14 +48,14 @@ from es_llm.errors import BadInput
 from es_llm.evaluate import SamplingConfig
 from es_llm.io import write_json_atomic, write_jsonl_atomic, write_text_atomic
 from es_llm.metrics.passk import bootstrap_ci
+from es_llm.models import check_model_path, resolve_training_data
 from es_llm.report import (Heading, Paragraph, Table, fixed, interval, pct, signed,
                            write_report)
-from es_llm.models import check_model_path, resolve_training_data
 from es_llm.run_folder import check_out_path
 from es_llm.tasks import TaskConfig, build_task
 from es_llm.testbed.train import record
-from gradient.maths.latent_revise import RevisionProblem, revise
 from gradient.loop.seeds import derive_seed
+from gradient.maths.latent_revise import RevisionProblem, revise
 
 CUTS = ("first_wrong", "fraction")
 _SPAN_RE = re.compile(r"\S+")

@@ -35,9 +35,9 @@ import torch
 
 from gradient.dllm.masks import (block_mask_schedule, gauss_legendre, mean_field_masks,
                                  sample_block_masks, trace_rows)
+from gradient.loop.seeds import derive_seed
 from gradient.maths.logprobs import completion_logits, token_stats
 from populations.registry import Registry
-from gradient.loop.seeds import derive_seed
 
 
 @dataclass(frozen=True)

@@ -94,7 +94,7 @@ def _distills(cfg: GRPORunConfig, edges: Edges) -> bool:
 
 @birth_stage("distill", when=_distills)
 def distill(inp: StageInput, batch: RolloutBatch):
-    """The distillation method's per-token advantages, kept rollouts and SFT rows."""
+    """The distillation method's per-token advantages, kept rollouts and any rows it adds."""
     from gradient.distill.birth import distill_rows
 
     return distill_rows(inp.edges, batch, inp.cfg, inp.state.step, inp.state.distill_memo)
@@ -133,8 +133,7 @@ def recovered_rows(inp: StageInput, batch: RolloutBatch):
             rewards_1_G, std_eps=a.std_eps, unbiased_std=a.unbiased_std))[0].tolist()
         row = replace(rows[0], prompt_ids=list(prompt_ids), completion_ids=list(completion_ids),
                       engine_logp=None, reward=reward, correct=True, trace=None,
-                      mask_seed=derive_seed(cfg.seed, "recovered", inp.state.step, g),
-                      off_policy=True)
+                      mask_seed=derive_seed(cfg.seed, "recovered", inp.state.step, g))
         out += [replace(r, adv=v) for r, v in zip(rows + [row], adv)]
         added += 1
     return RolloutBatch.of(out), {"recovered/rows": float(added),
@@ -206,11 +205,12 @@ def _merge(batch: RolloutBatch, old: RolloutBatch, new: RolloutBatch) -> Rollout
 @birth_stage("replay", when=lambda cfg, edges: cfg.algo.replay.enabled, on_empty=True)
 def replay(inp: StageInput, batch: RolloutBatch):
     """Advantage replay: every fresh rollout, then replayed ones. The version of a rollout
-    is the step it was born in; compose evicts by age before it draws."""
+    is the step it was born in; compose evicts by age before it draws. A rollout's priority
+    is its advantage (a per-token one's mean over the tokens)."""
     cfg, state = inp.cfg, inp.state
     fresh = len(batch)
     gen = torch.Generator().manual_seed(derive_seed(cfg.seed, "replay", state.step))
-    items = state.replay.compose([(r, r.adv) for r in batch], cfg.algo.replay.replay_ratio,
-                                 state.step, gen)
+    items = state.replay.compose([(r, r.mean_adv()) for r in batch],
+                                 cfg.algo.replay.replay_ratio, state.step, gen)
     out = RolloutBatch.of([it.payload for it in items])
     return out, {"replay/size": float(len(state.replay)), "replay/used": float(len(out) - fresh)}

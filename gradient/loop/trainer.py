@@ -40,17 +40,17 @@ from es_llm.finite import Diverged, check, check_update, stop_error
 from es_llm.io import complete_jsonl_rows, save_hf_checkpoint, write_text_atomic
 from es_llm.run_folder import AppendLog, written
 from es_llm.tasks.base import too_long_notice
-from gradient.maths.aggregation import aggregate
-from gradient.loop.batch import RolloutBatch
 from gradient.config import GRPORunConfig
 from gradient.dllm.estimators import scored_tokens
-from gradient.loop.rollouts import collect
-from gradient.loop.seeds import derive_seed
+from gradient.loop.batch import RolloutBatch
 from gradient.loop.birth_stages import StageInput
 from gradient.loop.estimates import estimate_input, policy_estimate, views
 from gradient.loop.loss_terms import TERMS, TermInput, gate
 from gradient.loop.plan import Plan, plan, run_birth
+from gradient.loop.rollouts import collect
+from gradient.loop.seeds import derive_seed
 from gradient.loop.state import Edges, TrainerState
+from gradient.maths.aggregation import aggregate
 
 
 def _micro_loss(edges: Edges, batch: RolloutBatch, cfg: GRPORunConfig, tokens: float,
