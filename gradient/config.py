@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from es_llm.config import check_choices, choice
 from es_llm.errors import BadInput
 from es_llm.tasks import TaskConfig
-from gradient.adaprefix import PrefixControllerConfig
 from gradient.distill.config import DistillSettings
-from gradient.replay import ReplayConfig
+from gradient.maths.adaprefix import PrefixControllerConfig
+from gradient.maths.replay import ReplayConfig
 
 
 def _registry(module: str, function: str):
@@ -28,7 +28,7 @@ def _registry(module: str, function: str):
 
 
 def _is_modes():
-    from gradient.rollout_correction import IS_MODES
+    from gradient.maths.rollout_correction import IS_MODES
     return IS_MODES
 
 
@@ -68,7 +68,7 @@ class KLSettings:
     # Weight of the KL-to-reference term in the loss; 0 loads no reference model.
     coef: float = 0.0
     # Estimator: k1, k2, k3 or k3+ (value k3, gradient of k2).
-    estimator: str = choice("k3", _registry("gradient.kl", "kl_names"))
+    estimator: str = choice("k3", _registry("gradient.maths.kl", "kl_names"))
     # Reference model folder; empty = the base model. Its tokenizer must be the policy's.
     ref_model: str = ""
 
@@ -156,7 +156,7 @@ class ReplaySettings(ReplayConfig):
 class RecoveredSettings:
     # LatentRevise's recovered trajectories (recovered.jsonl of `es-llm latent-revise`; empty
     # = off): a training group whose G rollouts all fail gets its problem's verified
-    # trajectory as one extra, off-policy row (gradient/stages.py, recovered_rows).
+    # trajectory as one extra, off-policy row (gradient/loop/birth_stages.py, recovered_rows).
     data: str = ""
 
 
@@ -188,12 +188,12 @@ class DiffusionRLSettings:
 @dataclass(frozen=True)
 class AlgoSettings:
     # Advantage estimator: grpo (group z-score), dr_grpo (no std) or rloo.
-    advantage: str = choice("grpo", _registry("gradient.advantages", "advantage_names"))
+    advantage: str = choice("grpo", _registry("gradient.maths.advantages", "advantage_names"))
     # grpo's std: unbiased (Bessel, as TRL and verl) or population, and the eps added to it.
     unbiased_std: bool = True
     std_eps: float = 1e-6
     # Policy loss: ppo_clip (token ratio), gspo (sequence ratio) or gapo.
-    loss: str = choice("ppo_clip", _registry("gradient.losses", "loss_names"))
+    loss: str = choice("ppo_clip", _registry("gradient.maths.losses", "loss_names"))
     # Clip range [1 - clip_low, 1 + clip_high]; clip_high > clip_low is DAPO's clip-higher.
     clip_low: float = 0.2
     clip_high: float = 0.2
@@ -203,7 +203,7 @@ class AlgoSettings:
     gapo_clip_high_max: float = 0.005
     # Loss aggregation: token-mean, seq-mean-token-mean, seq-mean-token-sum or
     # seq-mean-token-sum-norm (Dr. GRPO's constant: max_tokens per sequence).
-    aggregation: str = choice("token-mean", _registry("gradient.aggregation",
+    aggregation: str = choice("token-mean", _registry("gradient.maths.aggregation",
                                                       "aggregation_names"))
     # Entropy bonus weight (0 = off; the entropy is always logged).
     entropy_coef: float = 0.0

@@ -38,8 +38,8 @@ from es_llm.run_folder import check_out_path
 from es_llm.stage_runner import Runner, es_llm_command, finished
 from es_llm.studies import ExperimentConfig, Method
 from es_llm.testbed.config import MODEL_TASKS, load_testbed_config
+from gradient.commands.grpo_command import RESUME_KEYS as GRPO_RESUME_KEYS
 from gradient.config import GRPORunConfig
-from gradient.grpo_command import RESUME_KEYS as GRPO_RESUME_KEYS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -62,8 +62,8 @@ def _steps(total: int, per_step: int, what: str) -> int:
 def plan(cfg: ExperimentConfig) -> dict[str, int | None]:
     """Per method, the ES iterations or GRPO steps that spend ``budget_samples`` generated
     samples (None for SFT, whose length is its own config's)."""
-    from gradient.recovery import LatentReviseConfig
-    from gradient.sft import SFTRunConfig
+    from gradient.commands.recovery import LatentReviseConfig
+    from gradient.loop.sft import SFTRunConfig
 
     # Every config a later stage loads is loaded here first, so a bad setting stops the
     # experiment before hours of training ({out} is a path only at run time).
@@ -180,7 +180,7 @@ def resolved_run_config(method: Method, overrides: list[str]):
     """The config the trainer of ``method`` resolves for a new run with ``overrides``: its
     YAML with them applied and, for es and grpo, the model's own training prompts when no
     data file is named (as `es-llm es` and `es-llm grpo` resolve it before writing it)."""
-    from gradient.sft import SFTRunConfig
+    from gradient.loop.sft import SFTRunConfig
 
     if method.kind == "sft":
         return load_config(SFTRunConfig, path=ROOT / method.config, overrides=overrides)
@@ -272,7 +272,7 @@ def check_kept_outputs(cfg: ExperimentConfig, out: Path, steps: dict[str, int | 
     reuse although it now gives them other settings (a method's overrides, its config file,
     the budget of a finished run...): compared key by key with each one's config.yaml, as
     its stage would resolve the config now."""
-    from gradient.recovery import LatentReviseConfig
+    from gradient.commands.recovery import LatentReviseConfig
 
     testbed = out / "testbed"
     recover = out / "recover"

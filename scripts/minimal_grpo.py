@@ -5,7 +5,7 @@ is the share of a chosen token in each sampled completion.
     python scripts/minimal_grpo.py [--steps 30]
 
 Prints the mean greedy reward of the initial and the final weights as one JSON line. The
-real trainer (``gradient/trainer.py``) adds what this leaves out: prompts from a task, a
+real trainer (``gradient/loop/trainer.py``) adds what this leaves out: prompts from a task, a
 generation backend, birth stages (frozen behaviour log-probs, replay, distillation) and the
 other loss terms, several epochs and mini-batches, checkpoints.
 """
@@ -22,9 +22,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
 
-from gradient.advantages import AdvantageInput, compute_advantages  # noqa: E402
-from gradient.aggregation import aggregate  # noqa: E402
-from gradient.losses import LossInput, compute_loss  # noqa: E402
+from gradient.maths.advantages import AdvantageInput, compute_advantages  # noqa: E402
+from gradient.maths.aggregation import aggregate  # noqa: E402
+from gradient.maths.losses import LossInput, compute_loss  # noqa: E402
 from minimal_es import LENGTH, TARGET, VOCAB, TinyLM, greedy_reward_P  # noqa: E402
 
 

@@ -153,7 +153,7 @@ def resolved(case: Case, testbeds: dict[str, Path]):
     from es_llm.config import load_config
     from es_llm.es.config import ESRunConfig
     from gradient.config import GRPORunConfig
-    from gradient.sft import SFTRunConfig
+    from gradient.loop.sft import SFTRunConfig
 
     cls = {"es": ESRunConfig, "sft": SFTRunConfig}.get(case.command, GRPORunConfig)
     with _sevens():

@@ -18,8 +18,8 @@ from es_llm.backends.base import SamplingParams
 from es_llm.config import load_config
 from es_llm.tasks import registry
 from gradient.config import GRPORunConfig
-from gradient.setup import build
-from gradient.trainer import run
+from gradient.loop.setup import build
+from gradient.loop.trainer import run
 from test_es_direction import Sevens  # the same synthetic task as the ES direction test
 
 

@@ -54,6 +54,24 @@ def test_import_direction(package, banned):
     assert not offenders, f"{package} must not import {sorted(banned)}: {offenders}"
 
 
+def gradient_imports(folder: str, found) -> list[tuple[str, str]]:
+    """(file, module) for each import of a gradient module by a file under ``folder`` that
+    ``found(module)`` picks."""
+    return [(str(p.relative_to(ROOT)), m) for p in py_files(folder)
+            for m in imported_modules(p) if top(m) == "gradient" and found(m)]
+
+
+def test_gradient_layers_import_downwards():
+    # gradient/ shows its layers: the maths import no other part of gradient, and no module
+    # outside the commands imports one (the core finds them through their entry points).
+    maths = gradient_imports("gradient/maths", lambda m: not m.startswith("gradient.maths"))
+    assert not maths, f"gradient/maths must import nothing else of gradient: {maths}"
+    commands = [(f, m) for f, m in gradient_imports(
+        "gradient", lambda m: m.startswith("gradient.commands"))
+        if not f.startswith("gradient/commands/")]
+    assert not commands, f"only gradient/commands may import a command: {commands}"
+
+
 def test_only_the_console_script_imports_the_command_line():
     # Commands are discovered through their entry points; the shared parts they need are in
     # es_llm/command.py. es_llm/__main__.py is `python -m es_llm`, the console script.
@@ -157,7 +175,7 @@ def test_the_circle_finder_finds_a_late_import_circle(tmp_path):
 
 # The packages whose every function, class and method needs a production caller (one tuple,
 # so a package joins the rule by one entry).
-PRODUCTION = ("es_llm", "populations", "scripts")
+PRODUCTION = ("es_llm", "populations", "gradient", "scripts")
 # Where a production caller may live: every package (gradient builds on es_llm) and setup.cfg.
 CALLERS = ("es_llm", "populations", "scripts", "gradient")
 # The evotorch bridge's users arrive with a later change; until then only its tests call it.

@@ -51,7 +51,7 @@ def test_es_help_config_documents_its_keys():
 
 
 def test_grpo_help_config_lists_the_registered_losses():
-    from gradient.losses import loss_names
+    from gradient.maths.losses import loss_names
 
     text = help_config("grpo")
     assert entry(text, "algo.loss").endswith(f"Choices: {', '.join(loss_names())}.")

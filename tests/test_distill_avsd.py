@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from gradient.distill.avsd import avsd_target, jensen_bound_holds, support_reverse_kl
+from gradient.distill.avsd import avsd_target, jensen_bound_holds
 
 F64 = torch.float64
 LN = math.log
@@ -85,30 +85,6 @@ def test_bound_never_flips_the_consensus():
 def test_jensen_bound_check_can_fail():
     bad = {"gate": torch.ones(1), "residual": torch.ones(1), "adv_mean": torch.full((1,), 0.5)}
     assert not bool(jensen_bound_holds(bad))
-
-
-def test_support_reverse_kl_by_hand_and_masking():
-    # Support {0, 1} of 3 candidates: student logits [0, ln 3, 99] -> p = [1/4, 3/4];
-    # target q* = [1/2, 1/2]: KL = 1/4 ln(1/2) + 3/4 ln(3/2) = 0.130812.
-    s = torch.tensor([[[0.0, LN(3.0), 99.0], [1.0, 2.0, 3.0]]], dtype=F64, requires_grad=True)
-    tgt = torch.log(torch.tensor([[[0.5, 0.5, 1.0], [0.2, 0.3, 0.5]]], dtype=F64))
-    sup = torch.tensor([[[True, True, False], [True, True, True]]])
-    mask = torch.tensor([[1, 0]])
-    loss = support_reverse_kl(s, tgt, sup, mask)
-    assert loss[0, 0].item() == pytest.approx(0.25 * LN(0.5) + 0.75 * LN(1.5), abs=1e-12)
-    assert loss[0, 1].item() == 0.0
-    (g,) = torch.autograd.grad(loss.sum(), s)
-    assert torch.all(g[0, 1] == 0) and g[0, 0, 2] == 0 and torch.isfinite(g).all()
-
-
-def test_gradcheck_support_reverse_kl():
-    g = torch.Generator().manual_seed(1)
-    s = torch.randn(2, 2, 4, generator=g, dtype=F64, requires_grad=True)
-    tgt = torch.randn(2, 2, 4, generator=g, dtype=F64).log_softmax(-1)
-    sup = torch.rand(2, 2, 4, generator=g) > 0.3
-    sup[..., 0] = True
-    m = torch.ones(2, 2)
-    assert torch.autograd.gradcheck(lambda x: support_reverse_kl(x, tgt, sup, m), (s,))
 
 
 def test_bad_shapes():

@@ -90,5 +90,11 @@ def test_specs_declare_what_the_trainer_computes():
 
     assert method_spec("avsd").scorer is views_scorer and method_spec("avsd").models == ("base",)
     assert method_spec("dopsd").scorer is None
-    assert method_spec("rstg").needs_solve_rate and method_spec("dear").needs_hidden
+    from gradient.distill.rstg import sft_rows, solve_rate_inputs
+
+    assert method_spec("rstg").birth_inputs is solve_rate_inputs
+    assert method_spec("rstg").extra_rows is sft_rows
+    settings = DistillSettings(dear=DEARSettings(layer=3))
+    assert method_spec("dear").hidden_layer(settings) == 3
+    assert method_spec("opd").hidden_layer is None and method_spec("opd").extra_rows is None
     assert method_spec("opd").divergence is None

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gradient.distill.ra_opd import (distillation_return, kept_token_mask, kept_token_normaliser,
-                                     ra_keep, ra_metrics)
+from gradient.distill.ra_opd import distillation_return, kept_token_mask, ra_keep, ra_metrics
 
 F64 = torch.float64
 
@@ -46,10 +45,9 @@ def test_empty_row_is_never_kept():
     assert keep.tolist() == [False]
 
 
-def test_normaliser_mask_and_metrics():
+def test_kept_mask_and_metrics():
     keep = torch.tensor([True, False, False, True, True, True])
     # Kept tokens: 2 + 2 + 2 + 1 = 7 of 11.
-    assert kept_token_normaliser(keep, MASK).item() == 7.0
     km = kept_token_mask(keep, MASK)
     assert km[1].tolist() == [False, False] and km[5].tolist() == [True, False]
     m = ra_metrics(keep, MASK)
@@ -57,9 +55,8 @@ def test_normaliser_mask_and_metrics():
     assert m["kept_token_frac"].item() == pytest.approx(7 / 11)
 
 
-def test_nothing_kept_gives_zero_normaliser():
+def test_nothing_kept_gives_zero_metrics():
     keep = torch.zeros(6, dtype=torch.bool)
-    assert kept_token_normaliser(keep, MASK).item() == 0.0
     assert ra_metrics(keep, MASK)["kept_frac"].item() == 0.0
 
 

@@ -42,7 +42,7 @@ def lp(token: int, c: float) -> float:
 
 def row(canvas, step_map, n=None, **extra):
     n = len(canvas) if n is None else n
-    from gradient.batch import Rollout
+    from gradient.loop.batch import Rollout
 
     return Rollout(prompt_ids=[A], completion_ids=list(canvas[:n]), engine_logp=None,
                    reward=0.0, correct=False, problem=None, group=0, mask_seed=7,
@@ -151,8 +151,8 @@ def test_dopsd_teacher_sees_the_later_state_and_keeps_what_it_decoded():
 
 
 def test_quadrature_rows_carry_the_level_weights():
-    from gradient.batch import Rollout, RolloutBatch
     from gradient.dllm.estimators import estimator_spec
+    from gradient.loop.batch import Rollout, RolloutBatch
 
     one = Rollout(prompt_ids=[1], completion_ids=[2, 3], engine_logp=None, reward=1.0,
                   correct=True, problem=None, group=0, adv=1.0)
@@ -195,11 +195,13 @@ def test_old_and_new_passes_see_the_same_masks(diffusion_policy, estimator, p_ma
     old ones frozen for it, so every ratio is exactly 1; for mean_field the two epochs use
     different masks (their frozen old log-probs differ)."""
     from es_llm.config import load_config
-    from gradient.setup import build
-    from gradient.batch import RolloutBatch
-    from gradient.rollouts import collect
-    from gradient.stages import StageInput, plan, run_birth
-    from gradient.trainer import TrainerState, policy_update
+    from gradient.loop.batch import RolloutBatch
+    from gradient.loop.birth_stages import StageInput
+    from gradient.loop.plan import plan, run_birth
+    from gradient.loop.rollouts import collect
+    from gradient.loop.setup import build
+    from gradient.loop.state import TrainerState
+    from gradient.loop.trainer import policy_update
 
     cfg = load_config(GRPORunConfig, overrides=[
         f"model={diffusion_policy / 'model'}", "task.name=countdown",

@@ -406,8 +406,8 @@ def test_a_kept_recovery_and_finished_sft_run_must_match_the_settings(tmp_path):
     experiment = _experiment_module()
     from es_llm.config import load_config
     from es_llm.errors import BadInput
-    from gradient.recovery import LatentReviseConfig
-    from gradient.sft import SFTRunConfig
+    from gradient.commands.recovery import LatentReviseConfig
+    from gradient.loop.sft import SFTRunConfig
 
     out = tmp_path / "out"
     testbed = out / "testbed"

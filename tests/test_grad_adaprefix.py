@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from gradient.adaprefix import (PrefixControllerConfig, PrefixState, fraction, prefix_tokens,
+from gradient.maths.adaprefix import (PrefixControllerConfig, PrefixState, fraction, prefix_tokens,
                                 update, withdrawal)
 
 CFG = PrefixControllerConfig(init_fraction=0.5, gain=0.4, withdraw_start=100,

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from gradient.advantages import (AdvantageInput, advantage_names, compute_advantages, grpo,
+from gradient.maths.advantages import (AdvantageInput, advantage_names, compute_advantages, grpo,
                                  register_advantage)
 
 # Three groups of G = 3: a binary group, a graded one, and a constant one. 0.1 is not exact

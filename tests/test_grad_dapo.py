@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gradient.dapo import keep_groups, overlong_penalty, zero_variance_groups
+from gradient.maths.dapo import keep_groups, overlong_penalty, zero_variance_groups
 
 REWARDS = torch.tensor([[1.0, 1.0, 1.0],            # all solved: no signal
                         [0.0, 1.0, 0.0],            # mixed

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from gradient.kl import kl_estimate, kl_names, k3_straight_through, register_kl
+from gradient.maths.kl import kl_estimate, kl_names, k3_straight_through, register_kl
 
 F64 = torch.float64
 E = math.e

@@ -1,5 +1,6 @@
-"""The trainer's completion log-probs: equal to a one-row-at-a-time reference, differentiable,
-and equal to what the samplers report in their "processed" logprobs mode."""
+"""The trainer's completion log-probs (its registered autoregressive estimator): equal to a
+one-row-at-a-time reference, differentiable, and equal to what the samplers report in their
+"processed" logprobs mode."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -17,7 +19,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from es_llm.backends.base import SamplingParams
 from es_llm.backends.hf import HFBackend, sampled_logprobs
 from es_llm.io import read_jsonl
-from gradient.logprobs import completion_logprobs
+from gradient.dllm.estimators import EstimateInput, estimate
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -40,6 +42,15 @@ def rows(ci_testbed):
     return prompt_ids, completion_ids
 
 
+def trainer_logprobs(model, prompt_ids, completion_ids, temperature, with_entropy=True):
+    """``(logp_B_T, entropy_B_T, mask_B_T)`` of the completions as the trainer computes them."""
+    rows = [SimpleNamespace(prompt_ids=p, completion_ids=c)
+            for p, c in zip(prompt_ids, completion_ids)]
+    e = estimate("autoregressive", EstimateInput(model, rows, temperature, pad_id=0, mask_id=0,
+                                                 settings=None, with_entropy=with_entropy))
+    return e.logp_B_T, e.entropy_B_T, e.mask_B_T
+
+
 def reference(model, prompt_ids, completion_ids, temperature):
     """One unpadded row at a time through the full model: (logp, entropy) lists per row."""
     out = []
@@ -52,13 +63,11 @@ def reference(model, prompt_ids, completion_ids, temperature):
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-@pytest.mark.parametrize("micro_batch", [None, 4])
-def test_batched_logprobs_equal_the_per_row_reference(model, rows, temperature, micro_batch):
+def test_batched_logprobs_equal_the_per_row_reference(model, rows, temperature):
     prompt_ids, completion_ids = rows
     with torch.no_grad():
-        logp_B_T, entropy_B_T, mask_B_T = completion_logprobs(
-            model, prompt_ids, completion_ids, temperature=temperature, pad_id=0,
-            micro_batch=micro_batch)
+        logp_B_T, entropy_B_T, mask_B_T = trainer_logprobs(model, prompt_ids, completion_ids,
+                                                           temperature)
         ref = reference(model, prompt_ids, completion_ids, temperature)
     assert logp_B_T.shape == entropy_B_T.shape == mask_B_T.shape == (6, 11)
     assert mask_B_T.sum(-1).tolist() == [len(c) for c in completion_ids]
@@ -74,8 +83,7 @@ def test_gradient_equals_the_reference_gradient(ci_testbed, rows):
     """d/dθ of sum(logp) + 0.1 sum(entropy) at T = 0.7, batched vs one row at a time."""
     prompt_ids, completion_ids = rows
     model = AutoModelForCausalLM.from_pretrained(ci_testbed)
-    logp_B_T, entropy_B_T, _ = completion_logprobs(model, prompt_ids, completion_ids,
-                                                   temperature=0.7, pad_id=0)
+    logp_B_T, entropy_B_T, _ = trainer_logprobs(model, prompt_ids, completion_ids, 0.7)
     (logp_B_T.sum() + 0.1 * entropy_B_T.sum()).backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad()
@@ -86,27 +94,15 @@ def test_gradient_equals_the_reference_gradient(ci_testbed, rows):
         torch.testing.assert_close(grads[name], p.grad, atol=1e-4, rtol=1e-4)
 
 
-def test_edge_cases_and_invalid_inputs(model):
-    logp_B_T, entropy_B_T, mask_B_T = completion_logprobs(model, [[1, 5], [1]], [[], []],
-                                                          temperature=1.0, pad_id=0)
-    assert logp_B_T.shape == entropy_B_T.shape == mask_B_T.shape == (2, 0)
-    with pytest.raises(ValueError, match="temperature"):
-        completion_logprobs(model, [[1, 5]], [[6]], temperature=0.0, pad_id=0)
-    with pytest.raises(ValueError, match="prompt"):
-        completion_logprobs(model, [[]], [[6]], temperature=1.0, pad_id=0)
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_on_cuda_logprobs_equal_the_cpu_ones_and_the_samplers(ci_testbed, model, rows):
     prompt_ids, completion_ids = rows
     with torch.no_grad():
-        cpu_B_T, cpu_entropy_B_T, _ = completion_logprobs(model, prompt_ids, completion_ids,
-                                                          temperature=0.7, pad_id=0)
+        cpu_B_T, cpu_entropy_B_T, _ = trainer_logprobs(model, prompt_ids, completion_ids, 0.7)
     cuda_model = AutoModelForCausalLM.from_pretrained(ci_testbed).cuda()
-    logp_B_T, entropy_B_T, mask_B_T = completion_logprobs(cuda_model, prompt_ids,
-                                                          completion_ids, temperature=0.7,
-                                                          pad_id=0, micro_batch=4)
+    logp_B_T, entropy_B_T, mask_B_T = trainer_logprobs(cuda_model, prompt_ids, completion_ids,
+                                                       0.7)
     assert logp_B_T.device.type == entropy_B_T.device.type == mask_B_T.device.type == "cuda"
     torch.testing.assert_close(logp_B_T.cpu(), cpu_B_T, atol=1e-4, rtol=0)
     torch.testing.assert_close(entropy_B_T.cpu(), cpu_entropy_B_T, atol=1e-4, rtol=0)
@@ -121,9 +117,9 @@ def test_on_cuda_logprobs_equal_the_cpu_ones_and_the_samplers(ci_testbed, model,
                                                             max_tokens=16, logprobs=True))
            for c in row]
     with torch.no_grad():
-        trainer_B_T, _, _ = completion_logprobs(
+        trainer_B_T, _, _ = trainer_logprobs(
             cuda_model, [tok(p).input_ids for p in prompts for _ in range(2)],
-            [list(c.token_ids) for c in out], temperature=0.7, pad_id=0, with_entropy=False)
+            [list(c.token_ids) for c in out], 0.7, with_entropy=False)
     for i, c in enumerate(out):
         torch.testing.assert_close(trainer_B_T[i, :len(c.logprobs)].cpu(),
                                    torch.tensor(c.logprobs), atol=1e-4, rtol=0)
@@ -156,10 +152,9 @@ def test_hf_backend_logprobs_equal_the_trainers(ci_testbed, model, mode, trainer
     prompt_ids = [tok(p).input_ids for p in prompts for _ in range(3)]
     completions = [c for row in out for c in row]
     with torch.no_grad():
-        logp_B_T, _, _ = completion_logprobs(model, prompt_ids,
-                                             [list(c.token_ids) for c in completions],
-                                             temperature=trainer_temperature, pad_id=0,
-                                             with_entropy=False)
+        logp_B_T, _, _ = trainer_logprobs(model, prompt_ids,
+                                          [list(c.token_ids) for c in completions],
+                                          trainer_temperature, with_entropy=False)
     for i, c in enumerate(completions):
         torch.testing.assert_close(logp_B_T[i, :len(c.logprobs)], torch.tensor(c.logprobs),
                                    atol=1e-4, rtol=0)

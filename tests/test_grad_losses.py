@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from gradient.aggregation import aggregate
-from gradient.losses import (LossInput, compute_loss, gapo_clip_high, gapo_eps_hi, loss_names,
+from gradient.maths.aggregation import aggregate
+from gradient.maths.losses import (LossInput, compute_loss, gapo_clip_high, gapo_eps_hi, loss_names,
                              token_advantages)
 
 F64 = torch.float64

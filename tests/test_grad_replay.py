@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from gradient.replay import AdvantageReplayBuffer, ReplayConfig, ReplayItem
+from gradient.maths.replay import AdvantageReplayBuffer, ReplayConfig, ReplayItem
 
 
 def gen(seed: int = 0) -> torch.Generator:

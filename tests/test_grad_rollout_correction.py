@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from gradient.rollout_correction import IS_MODES, is_weights
+from gradient.maths.rollout_correction import IS_MODES, is_weights
 
 # Two sequences, three token slots; the second has two real tokens and one pad.
 #   delta row 0 = ln 2, ln 2, -ln 4      -> token rho 2, 2, 0.25;  sum 0      -> seq rho 1

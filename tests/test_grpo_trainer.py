@@ -101,11 +101,11 @@ def test_grpo_raises_a_dense_reward_with_vllm_rollouts(ci_testbed, tmp_path):
 
 
 def test_the_gradient_does_not_depend_on_the_micro_batch(ci_testbed):
-    from gradient.batch import RolloutBatch
-    from gradient.rollouts import collect
-    from gradient.setup import build
-    from gradient.stages import BIRTH, StageInput
-    from gradient.trainer import _micro_loss
+    from gradient.loop.batch import RolloutBatch
+    from gradient.loop.birth_stages import BIRTH, StageInput
+    from gradient.loop.rollouts import collect
+    from gradient.loop.setup import build
+    from gradient.loop.trainer import _micro_loss
 
     cfg = resolve_training_data(load_config(GRPORunConfig, path=CI_CONFIG,
                                             overrides=[f"model={ci_testbed}"]))

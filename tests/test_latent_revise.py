@@ -12,10 +12,10 @@ import torch
 
 from es_llm.cli import main
 from es_llm.tasks import Problem
-from gradient.batch import Rollout, RolloutBatch
-from gradient.latent_revise import (RevisionProblem, continuation_logp, frank_wolfe_step,
+from gradient.commands.recovery import ReviseSettings, prefix_steps, split_rollout, step_spans
+from gradient.loop.batch import Rollout, RolloutBatch
+from gradient.maths.latent_revise import (RevisionProblem, continuation_logp, frank_wolfe_step,
                                     hard_decode, revise, revise_loss)
-from gradient.recovery import ReviseSettings, prefix_steps, split_rollout, step_spans
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -200,7 +200,7 @@ def test_a_model_without_a_usable_embedding_matrix_is_refused(ci_diffusion, ci_t
 def test_resampling_gets_the_revisions_token_passes_and_none_without_a_revision():
     from types import SimpleNamespace as NS
 
-    from gradient.recovery import LatentReviseConfig, _resample
+    from gradient.commands.recovery import LatentReviseConfig, _resample
 
     class Tokenizer:  # one token per character
         def __call__(self, text):
@@ -329,7 +329,8 @@ def test_recovered_row_joins_only_a_group_without_success_with_its_advantages_by
     from types import SimpleNamespace
 
     from gradient.config import GRPORunConfig, RecoveredSettings
-    from gradient.stages import StageInput, plan, recovered_rows
+    from gradient.loop.birth_stages import StageInput, recovered_rows
+    from gradient.loop.plan import plan
 
     a, b = (Problem(id=i, prompt="x", gold=None, difficulty=0) for i in ("a", "b"))
     batch = RolloutBatch.of([_rollout(a, 0.0, 0) for _ in range(4)]
@@ -342,7 +343,7 @@ def test_recovered_row_joins_only_a_group_without_success_with_its_advantages_by
     std = (0.8 / 4) ** 0.5
     assert [r.adv for r in out[:5]] == pytest.approx([-0.2 / std] * 4 + [0.8 / std], rel=1e-5)
     extra = out[4]
-    assert extra.off_policy and extra.correct and extra.engine_logp is None
+    assert extra.correct and extra.engine_logp is None
     assert extra.completion_ids == [7, 8, 2] and extra.group == 0 and extra.problem is a
     assert [r.adv for r in out[5:]] == [0.0] * 4
     # The plan has the stage only when the run names a recovered set.

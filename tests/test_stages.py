@@ -12,9 +12,10 @@ import pytest
 import torch
 
 from es_llm.config import load_config
-from gradient.batch import Rollout, RolloutBatch
 from gradient.config import GRPORunConfig
-from gradient.stages import BIRTH, StageInput, plan
+from gradient.loop.batch import Rollout, RolloutBatch
+from gradient.loop.birth_stages import BIRTH, Stage, StageInput
+from gradient.loop.plan import BIRTH_ORDER, plan
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -29,16 +30,17 @@ def test_padded_broadcasts_the_sequence_advantage_over_the_estimates_mask():
     batch = RolloutBatch.of([rollout(3, adv=2.0), rollout(1, adv=-0.5)])
     mask_B_T = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])  # the estimator's mask
     p = batch.padded(mask_B_T, view=0)
-    assert p.adv_B_T.tolist() == [[2.0, 2.0, 0.0], [-0.5, 0.0, 0.0]]
+    assert p.adv_B_T.shape == (2, 3)
+    assert (p.adv_B_T * mask_B_T).tolist() == [[2.0, 2.0, 0.0], [-0.5, 0.0, 0.0]]
     assert p.old_logp_B_T is None and p.ref_logp_B_T is None and p.clip_high_B is None
     assert p.row_weight_B is None
 
 
 def test_padded_takes_per_token_advantages_frozen_views_and_row_fields():
-    a = rollout(2, adv_tokens=[0.5, 0.25], old_logp=[-1.0, -2.0], is_weight=[1.0, 0.5],
+    a = rollout(2, adv=[0.5, 0.25], old_logp=[-1.0, -2.0], is_weight=[1.0, 0.5],
                 old_views=([-1.0, -2.0], [-3.0, -4.0]), ref_logp=[-0.5, -0.5],
                 clip_high=0.3, row_weight=1.5)
-    b = rollout(1, adv_tokens=[4.0], old_logp=[-7.0], is_weight=[1.0],
+    b = rollout(1, adv=[4.0], old_logp=[-7.0], is_weight=[1.0],
                 old_views=([-7.0], [-8.0]), ref_logp=[-0.25], clip_high=0.2, row_weight=0.5)
     p = RolloutBatch.of([a, b]).padded(torch.ones(2, 2), view=1)
     assert p.adv_B_T.tolist() == [[0.5, 0.25], [4.0, 0.0]]
@@ -57,6 +59,10 @@ def test_rollouts_are_frozen_and_stages_return_new_ones():
     out = batch.with_fields([{"adv": 3.0}])
     assert out[0].adv == 3.0 and r.adv == 0.0 and len(out[0:1]) == 1
     assert Rollout.from_saved({**vars(r), "unknown_key": 1}) == r  # an older saved state
+    # Before the advantage was one field, per-token values were a second one.
+    old = Rollout.from_saved({**vars(r), "adv_tokens": [0.5, 0.25], "sft": True})
+    assert old.adv == [0.5, 0.25] and old.per_token() and old.mean_adv() == 0.375
+    assert not r.per_token() and r.mean_adv() == 0.0
 
 
 def test_the_advantage_stage_normalises_within_groups_of_g():
@@ -92,20 +98,40 @@ def test_each_kind_of_config_gets_its_stages_and_terms():
     assert kl.terms == ("policy", "entropy", "kl") and "freeze_reference" in kl.birth
 
 
+def test_a_stage_without_a_place_in_the_order_fails_at_plan_time():
+    stage = Stage(lambda inp, batch: (batch, {}), when=lambda cfg, edges: False)
+    with BIRTH.registered("unplaced", stage), pytest.raises(ValueError, match="unplaced"):
+        _plan("grpo_countdown.yaml")
+
+
+def test_an_order_naming_an_unregistered_stage_or_term_fails_at_plan_time(monkeypatch):
+    import gradient.loop.plan as plan_module
+
+    monkeypatch.setattr(plan_module, "BIRTH_ORDER", BIRTH_ORDER + ("typo",))
+    with pytest.raises(ValueError, match="typo"):
+        _plan("grpo_countdown.yaml")
+    monkeypatch.undo()
+    monkeypatch.setattr(plan_module, "TERM_ORDER", ("policy", "entropy", "kl"))
+    with pytest.raises(ValueError, match="divergence"):
+        _plan("grpo_countdown.yaml")
+
+
 def _method_names() -> set[str]:
-    from gradient.advantages import advantage_names
-    from gradient.aggregation import aggregation_names
     from gradient.distill.methods import distill_method_names
     from gradient.dllm.estimators import estimator_names
-    from gradient.kl import kl_names
-    from gradient.losses import loss_names
+    from gradient.maths.advantages import advantage_names
+    from gradient.maths.aggregation import aggregation_names
+    from gradient.maths.kl import kl_names
+    from gradient.maths.losses import loss_names
 
     return {"none", *advantage_names(), *aggregation_names(), *distill_method_names(),
             *estimator_names(), *kl_names(), *loss_names()}
 
 
-@pytest.mark.parametrize("module", ["gradient/trainer.py", "gradient/distill/birth.py",
-                                    "gradient/distill/scoring.py", "gradient/stages.py"])
+@pytest.mark.parametrize("module", ["gradient/loop/trainer.py", "gradient/distill/birth.py",
+                                    "gradient/distill/scoring.py", "gradient/loop/plan.py",
+                                    "gradient/loop/birth_stages.py",
+                                    "gradient/loop/loss_terms.py"])
 def test_no_method_name_is_compared_in_the_loop(module):
     names = _method_names()
     tree = ast.parse((ROOT / module).read_text())

@@ -6,7 +6,7 @@ on) must live in a separate process. Usage: ``python vllm_rollout_check.py TESTB
 the last line of stdout is ``RESULT <json>``.
 
 1. Sample at temperature 0.7 with processed logprobs and compare them with the trainer's
-   ``completion_logprobs`` of the same tokens at 0.7 (and, as a control, at 1.0).
+   log-probs (its autoregressive estimator) of the same tokens at 0.7 (and, as a control, at 1.0).
 2. Perturb every weight of the trainer's copy with seeded noise, ``push_weights`` it into
    the engine, and compare greedy completions with the HF model holding the same weights.
    The prompts were generated once before the push, so with prefix caching on a stale
@@ -23,8 +23,10 @@ import torch
 
 
 def sampled_mismatch(vl, model, prompts: list[str], temperature: float) -> dict:
+    from types import SimpleNamespace
+
     from es_llm.backends.base import SamplingParams
-    from gradient.logprobs import completion_logprobs
+    from gradient.dllm.estimators import EstimateInput, estimate
 
     params = SamplingParams(n=4, temperature=temperature, max_tokens=32, seed=5, logprobs=True)
     out = vl.generate(prompts, params)
@@ -34,9 +36,11 @@ def sampled_mismatch(vl, model, prompts: list[str], temperature: float) -> dict:
     result = {"tokens": sum(len(lp) for lp in engine_lps)}
     for name, t in (("same_temperature", temperature), ("temperature_1", 1.0)):
         with torch.no_grad():
-            logp_B_T, _, mask_B_T = completion_logprobs(
-                model, [p for p, _ in rows], [list(c.token_ids) for _, c in rows],
-                temperature=t, pad_id=vl.tokenizer.pad_token_id, with_entropy=False)
+            e = estimate("autoregressive", EstimateInput(
+                model, [SimpleNamespace(prompt_ids=p, completion_ids=list(c.token_ids))
+                        for p, c in rows], t, pad_id=vl.tokenizer.pad_token_id, mask_id=0,
+                settings=None, with_entropy=False))
+        logp_B_T, mask_B_T = e.logp_B_T, e.mask_B_T
         engine_B_T = torch.zeros_like(logp_B_T)
         for i, lp in enumerate(engine_lps):
             engine_B_T[i, :len(lp)] = torch.tensor(lp)

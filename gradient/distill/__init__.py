@@ -1,8 +1,8 @@
-"""On-policy distillation (OPD) maths: pure functions over tensors, no trainer.
+"""On-policy distillation (OPD): its maths, pure functions over tensors, and its specs.
 
 OPD is the GRPO-family loop with a teacher that scores the student's own rollouts, so every
 method here is an advantage transform, a token or sample weighting, or a target builder that
-the existing trainer feeds into ``gradient.losses`` and ``gradient.aggregation``:
+the existing trainer feeds into ``gradient.maths.losses`` and ``gradient.maths.aggregation``:
 
 - ``opd``: the sampled-token reverse-KL advantage (Tinker form), its combination with a task
   reward advantage, and TRL's generalized JSD over full or top-K vocabularies (GKD);
@@ -14,7 +14,10 @@ the existing trainer feeds into ``gradient.losses`` and ``gradient.aggregation``
 - ``avsd``: the multi-view consensus target with a bounded Jensen residual (AVSD).
 
 Weights, masks and advantages returned here are detached; only the divergence losses
-(``generalized_jsd``, ``proxy_reverse_kl``, ``support_reverse_kl``) carry the student's
-graph. Nothing here reduces over ranks or calls ``.item()``: global token counts are the
-trainer's.
+(``generalized_jsd``, ``proxy_reverse_kl``) carry the student's graph. Nothing here reduces
+over ranks or calls ``.item()``: global token counts are the trainer's.
+
+Beside the maths: ``methods`` (each method's spec), ``scoring`` and ``birth`` (the generic
+torch glue that runs a spec at a rollout's birth and in the loss), and a method's own glue in
+its module (RSTG's teacher solve rates and SFT rows at the end of ``rstg``).
 """

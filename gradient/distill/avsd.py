@@ -106,33 +106,6 @@ def avsd_target(view_logp_M_B_T_C: torch.Tensor, student_logp_B_T_C: torch.Tenso
             "gate": lam, "target": target}
 
 
-def support_reverse_kl(student_logits_B_T_C: torch.Tensor, target_logp_B_T_C: torch.Tensor,
-                       support_B_T_C: torch.Tensor, mask_B_T: torch.Tensor) -> torch.Tensor:
-    """``KL(p || q*)`` per token over the candidate support, ``loss_B_T`` (student graph kept).
-
-    AVSD's training loss (per-token reverse KL on student rollouts). ``student_logits_B_T_C``
-    are the student's logits (or log-probs) gathered at the candidates, renormalised over the
-    support here; ``target_logp_B_T_C`` is ``avsd_target(...)["target"]`` (detached here).
-    Exactly 0 at masked positions; entries outside the support never matter.
-    The sampled-token variant needs no new function: ``opd.reverse_kl_advantage`` with the
-    target's value at the sampled token as the teacher log-prob.
-    """
-    s = student_logits_B_T_C
-    if not (isinstance(s, torch.Tensor) and s.dim() == 3 and s.dtype.is_floating_point
-            and isinstance(target_logp_B_T_C, torch.Tensor) and target_logp_B_T_C.shape == s.shape
-            and isinstance(support_B_T_C, torch.Tensor) and support_B_T_C.shape == s.shape
-            and isinstance(mask_B_T, torch.Tensor) and mask_B_T.shape == s.shape[:2]):
-        raise ValueError("student_logits_B_T_C, target_logp_B_T_C and support_B_T_C must be "
-                         "(B, T, C) tensors and mask_B_T (B, T)")
-    dtype = torch.promote_types(s.dtype, torch.float32)
-    sup = support_B_T_C.bool() & mask_B_T.bool()[..., None]
-    zero = torch.zeros((), dtype=dtype, device=s.device)
-    lp = _support_log_softmax(s.to(dtype), sup)
-    lt = torch.where(sup, target_logp_B_T_C.detach().to(dtype), zero)
-    kl = torch.where(sup, lp.exp() * (lp - lt), zero).sum(-1)
-    return torch.where(mask_B_T.bool(), kl, zero)
-
-
 def jensen_bound_holds(parts: dict[str, torch.Tensor], rtol: float = 1e-6) -> torch.Tensor:
     """0-d bool tensor: ``gate * residual <= |adv_mean|`` everywhere (up to ``rtol``), a
     detached diagnostic of ``avsd_target``'s output for the trainer's metrics."""

@@ -18,7 +18,8 @@ import torch
 from gradient.distill.dear import anchor_similarity, dear_weights, decision_mask, evidence_mask
 from gradient.distill.opd import combine_with_reward, reverse_kl_advantage
 from gradient.distill.ra_opd import ra_keep, ra_metrics
-from gradient.distill.rstg import hybrid_advantage, linear_anneal, soft_or_scores, top_fraction
+from gradient.distill.rstg import (hybrid_advantage, linear_anneal, sft_rows, soft_or_scores,
+                                   solve_rate_inputs, top_fraction)
 from gradient.distill.scoring import (self_view_divergence, teacher_divergence, teacher_scorer,
                                       views_scorer, w2s_divergence, w2s_scorer)
 from populations.registry import Registry
@@ -70,9 +71,18 @@ class MethodSpec:
     # prompt, the AVSD target over privileged views, the W2S proxy teacher; None: not needed
     # (the method's whole signal is its divergence term).
     scorer: Callable | None = teacher_scorer
+    # It reads the student's entropy at each generated position.
     needs_entropy: bool = False
-    needs_hidden: bool = False
-    needs_solve_rate: bool = False
+    # The layer whose hidden states it reads there, from the settings (DEAR's ``dear.layer``);
+    # None: it reads none.
+    hidden_layer: Callable[[object], int] | None = None
+    # What else it reads at birth, as ``DistillInput`` fields: ``(edges, fresh rollouts, cfg,
+    # step, memo, device) -> dict``, memo being what the run keeps for the method from step to
+    # step (RSTG's teacher solve rates); None: nothing.
+    birth_inputs: Callable | None = None
+    # Rows it adds to the step after the kept rollouts: ``(fresh rollouts, those fields, cfg,
+    # step, memo) -> (rollouts, metrics)`` (RSTG's SFT rows); None: none.
+    extra_rows: Callable | None = None
     # A full-distribution divergence added to the loss (a divergence of ``scoring``): to the
     # teacher, to the W2S proxy, or dOPSD's self view (the same model on a later state of the
     # trajectory, which needs the sampler to record its states); None: no such term.
@@ -139,14 +149,14 @@ def ra_opd(inp: DistillInput) -> DistillOutput:
                                            ra_metrics(keep_B, inp.mask_B_T).items()})
 
 
-@_register("rstg", needs_entropy=True, needs_solve_rate=True)
+@_register("rstg", needs_entropy=True, birth_inputs=solve_rate_inputs, extra_rows=sft_rows)
 def rstg(inp: DistillInput) -> DistillOutput:
     """RSTG (Han et al. 2026, arXiv 2608.00782; see ``rstg``): the configured GRPO advantage
     on every group with a success; in groups where every rollout failed, ``beta * omega *
     (log pi_T - log pi_S)`` on the top ``token_frac`` tokens by the soft-OR of student entropy
     and divergence, beta annealed per step, omega the teacher's solve rate on the prompt. The
-    SFT term on the teacher's correct trajectory is added by the trainer as extra rows (see
-    ``gradient.distill.birth.distill_rows``)."""
+    SFT term on the teacher's correct trajectory joins the step as extra rows
+    (``rstg.sft_rows``)."""
     r = inp.settings.rstg
     adv_kl_B_T = reverse_kl_advantage(inp.student_logp_B_T, inp.teacher_logp_B_T, inp.mask_B_T)
     score_B_T = soft_or_scores(inp.entropy_B_T, adv_kl_B_T, inp.mask_B_T)
@@ -161,7 +171,7 @@ def rstg(inp: DistillInput) -> DistillOutput:
         "selected_frac": float(select_B_T.sum() / inp.mask_B_T.sum().clamp(min=1))})
 
 
-@_register("dear", needs_entropy=True, needs_hidden=True)
+@_register("dear", needs_entropy=True, hidden_layer=lambda settings: settings.dear.layer)
 def dear(inp: DistillInput) -> DistillOutput:
     """DEAR (Xiao et al. 2026, arXiv 2606.22830; the project's reading in ``dear``): OPD
     whose token losses are weighted towards decisions (high student entropy) and their
@@ -187,7 +197,7 @@ def avsd(inp: DistillInput) -> DistillOutput:
     """AVSD (Nguyen et al. 2026, arXiv 2605.20643; see ``avsd``), sampled-token form: the
     teacher log-prob is the bounded consensus target ``log q*`` over the privileged views at
     the sampled token, and the advantage is ``log q* - log pi_S`` (the paper's Tinker-form
-    variant). The full-support reverse KL (``avsd.support_reverse_kl``) is not wired."""
+    variant; its full-support reverse KL over the candidates is not implemented)."""
     _, adv_B_T = _advantages(inp)
     return DistillOutput(adv_B_T, _keep_all(adv_B_T), {})
 

@@ -92,7 +92,7 @@ def combine_with_reward(adv_kl_B_T: torch.Tensor, reward_adv_B: torch.Tensor,
 
     The Tinker form (tinker_cookbook ``distillation/train_on_policy.py``): the distillation
     advantage ``-c_KL * (log q - log pi_T)`` is *added* to the environment advantage, which is
-    the group-centred reward ``r_i - mean_g r`` with no std scaling (``gradient.advantages``
+    the group-centred reward ``r_i - mean_g r`` with no std scaling (``gradient.maths.advantages``
     estimator ``dr_grpo``; ``reward_adv_B`` is its ``adv_P_G`` flattened to rows). For pure
     distillation pass zeros. ``kl_coef`` is ``c_KL`` (Tinker default 1). Exactly 0 at masked
     positions. Any advantage estimator's output may be passed; the Tinker form is the
@@ -161,7 +161,7 @@ def generalized_jsd(student_logits_B_T_V: torch.Tensor, teacher_logits_B_T_V: to
     teacher). Logits at masked positions are replaced by zeros before any arithmetic, so they
     never matter; the loss there is exactly 0. Logits must otherwise be finite. The
     arithmetic is in the student's dtype promoted to at least float32. Reduction is the
-    caller's (``gradient.aggregation``; TRL divides the sum by the token count).
+    caller's (``gradient.maths.aggregation``; TRL divides the sum by the token count).
 
     Departure: no ``lmbda`` data schedule or teacher-generated sequences (the trainer decides
     where rollouts come from); the gradient is the exact-divergence one TRL uses, without a

@@ -9,7 +9,8 @@ distillation return of a trajectory is its length-normalised sum
 and the trajectory is kept iff ``(2R - 1) * G >= 0``: a correct one (R = 1) iff the teacher
 rates it at least as likely as the student does, an incorrect one (R = 0) iff the teacher
 rates it at most as likely. Reverse-KL OPD then runs on kept trajectories only, normalised
-by Z = the number of kept tokens.
+by Z = the number of kept tokens: the dropped ones leave the batch, so the trainer's
+token-mean aggregation divides by the kept tokens of the step.
 """
 
 from __future__ import annotations
@@ -61,16 +62,6 @@ def kept_token_mask(keep_B: torch.Tensor, mask_B_T: torch.Tensor) -> torch.Tenso
     if not (isinstance(keep_B, torch.Tensor) and keep_B.shape == keep_B_T.shape[:1]):
         raise ValueError(f"keep_B must have shape ({keep_B_T.shape[0]},)")
     return keep_B_T & keep_B.bool()[:, None]
-
-
-def kept_token_normaliser(keep_B: torch.Tensor, mask_B_T: torch.Tensor) -> torch.Tensor:
-    """Z: the number of kept tokens in this call, a 0-d float tensor on the mask's device.
-
-    The paper divides the summed OPD loss by Z over the batch; the trainer sums this over
-    micro-batches and ranks (the global token normaliser of ``gradient.aggregation``). Z = 0
-    means a zero gradient: every kept loss entry is 0 then, so divide by ``max(Z, 1)``.
-    """
-    return kept_token_mask(keep_B, mask_B_T).sum().to(torch.get_default_dtype())
 
 
 def ra_metrics(keep_B: torch.Tensor, mask_B_T: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -5,16 +5,22 @@ negative zero-variance groups (every rollout of the prompt failed); every other 
 plain GRPO. Inside a failed group the OPD advantage is weighted by the teacher's confidence
 and an annealed coefficient, and applied only on the top-k% tokens by a soft-OR of the
 student's entropy and the teacher-student divergence. The auxiliary SFT term (Eq. 14, NLL on
-a teacher trajectory) is an ordinary loss on other data and is not here.
+a teacher trajectory) is an ordinary loss on other data: extra rows of the step.
+
+The last part is RSTG's torch glue at a rollout's birth, which its spec in ``methods`` names:
+the teacher's solve rates (``solve_rate_inputs``) and the SFT rows (``sft_rows``).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import torch
 
 from gradient.distill.opd import check_b_t, check_number, row_max_normalised
+from gradient.loop.batch import Rollout, RolloutBatch
+from gradient.loop.seeds import derive_seed
 
 
 def failed_groups(rewards_P_G: torch.Tensor, fail_reward: float = 0.0) -> torch.Tensor:
@@ -88,7 +94,7 @@ def hybrid_advantage(grpo_adv_B: torch.Tensor, adv_opd_B_T: torch.Tensor, failed
         A_t = A^GRPO_b                               otherwise,
 
     0 at masked positions. ``grpo_adv_B``: the group advantage of each row (any estimator of
-    ``gradient.advantages``; in a failed group it is 0 anyway); ``adv_opd_B_T``:
+    ``gradient.maths.advantages``; in a failed group it is 0 anyway); ``adv_opd_B_T``:
     ``opd.reverse_kl_advantage``; ``failed_B``: ``failed_groups`` broadcast to rows;
     ``omega_B`` in [0, 1]: the teacher's precomputed solve rate (paper: mean@8) on the row's
     prompt; ``beta``: ``linear_anneal``'s value this step; ``select_B_T``: ``top_fraction``
@@ -108,3 +114,64 @@ def hybrid_advantage(grpo_adv_B: torch.Tensor, adv_opd_B_T: torch.Tensor, failed
     opd_B_T = beta * omega_B.detach().to(a.dtype)[:, None] * torch.where(on_B_T, a, zero)
     grpo_B_T = grpo_adv_B.detach().to(a.dtype)[:, None].expand_as(a)
     return torch.where(keep_B_T, torch.where(failed_B.bool()[:, None], opd_B_T, grpo_B_T), zero)
+
+
+# --- at a rollout's birth: what RSTG's spec asks the trainer for ----------------------------
+
+def teacher_solve_rates(edges, problems: list, cfg, step: int, memo: dict) -> None:
+    """Fill ``memo[problem.id] = (solve rate, shortest correct completion ids or None)`` for
+    the problems not in it: RSTG's teacher confidence (mean@k of the teacher's samples) and
+    the trajectory of its SFT term."""
+    from es_llm.backends import BackendSpec, SamplingParams, make_backend
+
+    todo = list({p.id: p for p in problems if p.id not in memo}.values())
+    if not todo:
+        return
+    r = cfg.algo.distill.rstg
+    # The teacher already loaded for scoring, sampled in the HF decoding loop.
+    backend = make_backend(BackendSpec(cfg.algo.distill.teacher, backend="hf", device=cfg.device,
+                                       model=edges.teachers["teacher"], tokenizer=edges.tokenizer))
+    params = SamplingParams(n=r.teacher_samples, temperature=cfg.rollout.temperature,
+                            top_p=cfg.rollout.top_p, max_tokens=cfg.rollout.max_tokens,
+                            seed=derive_seed(cfg.seed, "rstg-teacher", step))
+    outs = backend.generate([edges.tokenizer(p.prompt).input_ids for p in todo], params)
+    scores = iter(edges.task.score_many([(p, c.text) for p, row in zip(todo, outs) for c in row]))
+    for p, row in zip(todo, outs):
+        correct = [c for c in row if next(scores).correct]
+        best = min(correct, key=lambda c: len(c.token_ids)) if correct else None
+        memo[p.id] = (len(correct) / len(row), list(best.token_ids) if best else None)
+
+
+def solve_rate_inputs(edges, fresh: RolloutBatch, cfg, step: int, memo: dict, device) -> dict:
+    """RSTG's ``DistillInput`` fields beyond the scores: whether each rollout's group failed
+    entirely (``failed_B``) and the teacher's solve rate on its prompt (``omega_B``); the
+    teacher samples each failed problem once, kept in ``memo``."""
+    G = cfg.rollout.group_size
+    rewards_P_G = torch.tensor([r.reward for r in fresh], device=device).view(-1, G)
+    failed_B = failed_groups(rewards_P_G).repeat_interleave(G)
+    teacher_solve_rates(edges, [r.problem for r, f in zip(fresh, failed_B.tolist()) if f], cfg,
+                        step, memo)
+    return {"failed_B": failed_B,
+            "omega_B": torch.tensor([memo.get(r.problem.id, (0.0, None))[0] for r in fresh],
+                                    device=device)}
+
+
+def sft_rows(fresh: RolloutBatch, inputs: dict, cfg, step: int, memo: dict
+             ) -> tuple[list[Rollout], dict]:
+    """RSTG's SFT term as extra rows (none when ``sft_coef`` is 0): one per failed group whose
+    teacher solved the prompt, the teacher's shortest correct trajectory with advantage
+    ``sft_coef * beta`` on every token (off-policy policy gradient with A = 1, scaled)."""
+    r = cfg.algo.distill.rstg
+    if not r.sft_coef > 0:
+        return [], {}
+    weight = r.sft_coef * linear_anneal(step, r.beta_init, r.beta_decay, r.beta_floor)
+    out, seen = [], set()
+    for row, failed in zip(fresh, inputs["failed_B"].tolist()):
+        traj = memo.get(row.problem.id, (0.0, None))[1]
+        if not failed or traj is None or row.group in seen:
+            continue
+        seen.add(row.group)
+        out.append(replace(row, completion_ids=traj, engine_logp=None, reward=1.0,
+                           old_logp=None, is_weight=None, ref_logp=None,
+                           adv=[weight] * len(traj)))
+    return out, {"sft_rows": float(len(out))}

@@ -4,8 +4,8 @@ around the pure maths of ``opd``, ``w2s`` and ``avsd``).
 A scorer gives the teacher's log-probs of the sampled tokens at a rollout's birth
 (``MethodSpec.scorer``, run by ``token_logp``); a divergence gives the per-token divergence
 of the student's full next-token distributions from the method's target
-(``MethodSpec.divergence``, a loss term of ``gradient.stages``). Methods name these functions
-themselves, so there is no name to mistype.
+(``MethodSpec.divergence``, a loss term of ``gradient.loop.loss_terms``). Methods name these
+functions themselves, so there is no name to mistype.
 ``models`` maps a role (teacher, base, positive, negative) to a frozen causal LM; the student
 is passed separately since its weights change.
 """
@@ -16,9 +16,9 @@ import torch
 
 from gradient.distill.avsd import avsd_target, jensen_bound_holds
 from gradient.distill.opd import generalized_jsd
-from gradient.distill.w2s import proxy_teacher_logits
+from gradient.distill.w2s import proxy_reverse_kl, proxy_teacher_logits
 from gradient.dllm.estimators import teacher_view_targets
-from gradient.logprobs import completion_logits, token_stats
+from gradient.maths.logprobs import completion_logits, token_stats
 
 
 def view_hint(problem, view: str) -> str:
@@ -112,8 +112,7 @@ def w2s_divergence(edges, rows, cfg, logp_B_T_V, mask_B_T):
     target_B_T_V, _, _ = _proxy_logp(edges.teachers, [r.prompt_ids for r in rows],
                                      [r.completion_ids for r in rows], cfg,
                                      edges.tokenizer.pad_token_id, mask_B_T.shape[1])
-    return generalized_jsd(logp_B_T_V, target_B_T_V, mask_B_T, 1.0,
-                           top_k=cfg.algo.distill.w2s.top_k, tail_bucket=False)
+    return proxy_reverse_kl(logp_B_T_V, target_B_T_V, mask_B_T, cfg.algo.distill.w2s.top_k)
 
 
 def self_view_divergence(edges, rows, cfg, logp_B_T_V, mask_B_T):

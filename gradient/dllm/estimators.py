@@ -6,7 +6,7 @@ from (``gradient.dllm.masks``). Every estimator takes one ``EstimateInput`` and 
 ``Estimate`` over the rollout's completion tokens (T = the longest completion in the
 batch), so the rest of the loop (ratios, clipping, aggregation, KL) is shared:
 
-- ``autoregressive``: teacher-forced log-probs (``gradient.logprobs``);
+- ``autoregressive``: teacher-forced log-probs (``gradient.maths.logprobs``);
 - ``mean_field`` (d1 / diffu-GRPO): one forward pass with the whole canvas masked and each
   prompt token masked with probability ``p_mask_prompt``; the mask depends on the row's seed
   and the inner iteration (``view``), so old, new and reference passes of one iteration see
@@ -35,14 +35,14 @@ import torch
 
 from gradient.dllm.masks import (block_mask_schedule, gauss_legendre, mean_field_masks,
                                  sample_block_masks, trace_rows)
-from gradient.logprobs import completion_logits, token_stats
+from gradient.loop.seeds import derive_seed
+from gradient.maths.logprobs import completion_logits, token_stats
 from populations.registry import Registry
-from gradient.seeds import derive_seed
 
 
 @dataclass(frozen=True)
 class EstimateInput:
-    """B rollouts to score (``gradient.batch.Rollout``): ``prompt_ids``, ``completion_ids``
+    """B rollouts to score (``gradient.loop.batch.Rollout``): ``prompt_ids``, ``completion_ids``
     (the canvas up to and including its first EOS), and for diffusion estimators ``trace``
     (a ``DiffusionTrace``) and ``mask_seed``; quadrature rows also ``level``."""
 
@@ -117,7 +117,7 @@ def _register(name: str, **declaration):
 
 @_register("autoregressive", diffusion=False)
 def autoregressive(inp: EstimateInput) -> Estimate:
-    """Exact teacher-forced log-probs of a causal LM (``gradient.logprobs``)."""
+    """Exact teacher-forced log-probs of a causal LM (``gradient.maths.logprobs``)."""
     prompts = [r.prompt_ids for r in inp.rows]
     comps = [r.completion_ids for r in inp.rows]
     T = max((len(c) for c in comps), default=0)

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 import torch
 
 from es_llm.backends.base import SamplingParams
-from gradient import adaprefix, dapo
 from gradient.config import GRPORunConfig
 from gradient.dllm.estimators import estimator_spec
-from gradient.seeds import derive_seed
+from gradient.loop.seeds import derive_seed
+from gradient.maths import adaprefix, dapo
 
 
 @dataclass
@@ -41,18 +41,18 @@ class Groups:
     def group_size(self) -> int:
         return self.rewards_P_G.shape[1]
 
-    def select(self, keep_P: torch.Tensor) -> "Groups":
-        """The groups where ``keep_P`` is true, rows kept together."""
+    def select(self, keep: torch.Tensor) -> "Groups":
+        """The groups at the indices ``keep`` (ascending), rows kept together."""
         G = self.group_size
-        ps = [p for p in range(len(self.problems)) if bool(keep_P[p])]
+        ps = keep.tolist()
         rows = [p * G + g for p in ps for g in range(G)]
         return Groups(problems=[self.problems[p] for p in ps],
                       prompt_ids=[self.prompt_ids[r] for r in rows],
                       completion_ids=[self.completion_ids[r] for r in rows],
                       engine_logp=[self.engine_logp[r] for r in rows],
-                      rewards_P_G=self.rewards_P_G[keep_P], correct_P_G=self.correct_P_G[keep_P],
-                      truncated_P_G=self.truncated_P_G[keep_P],
-                      too_long_P_G=self.too_long_P_G[keep_P],
+                      rewards_P_G=self.rewards_P_G[keep], correct_P_G=self.correct_P_G[keep],
+                      truncated_P_G=self.truncated_P_G[keep],
+                      too_long_P_G=self.too_long_P_G[keep],
                       prefix_P=[self.prefix_P[p] for p in ps],
                       traces=[self.traces[r] for r in rows])
 
@@ -131,8 +131,8 @@ def collect(edges, problems: list, cfg: GRPORunConfig, step: int, prefix_state, 
     groups included; ``samples/generated`` counts every rollout sampled."""
     ds = cfg.algo.dynamic_sampling
     rounds = ds.max_gen_batches if ds.enabled else 1
-    G = cfg.rollout.group_size
-    kept, seen = [], []
+    G, wanted = cfg.rollout.group_size, cfg.rollout.prompts_per_step
+    seen = []
     for round_ in range(rounds):
         groups = generate_groups(edges, draw_problems(problems, cfg, step, round_), cfg, step,
                                  round_, prefix_state, prefix_cfg)
@@ -141,16 +141,14 @@ def collect(edges, problems: list, cfg: GRPORunConfig, step: int, prefix_state, 
             for p, correct_G in zip(groups.problems, groups.correct_P_G):
                 prefix_state = adaprefix.update(prefix_state, prefix_cfg, p.id,
                                                 float(correct_G.sum()), G)
-        if ds.enabled:
-            groups = groups.select(~dapo.zero_variance_groups(groups.rewards_P_G))
-        kept.append(groups)
-        if sum(len(g.problems) for g in kept) >= cfg.rollout.prompts_per_step:
+        every = Groups.concat(seen, G)
+        # Dynamic sampling: the first groups with a reward spread, another round while fewer
+        # than the step's prompts have one.
+        keep = (dapo.keep_groups(every.rewards_P_G, wanted) if ds.enabled
+                else torch.arange(len(every.problems)))
+        if len(keep) >= wanted:
             break
-    out = Groups.concat(kept, G)
-    if len(out.problems) > cfg.rollout.prompts_per_step:
-        keep = torch.arange(len(out.problems)) < cfg.rollout.prompts_per_step
-        out = out.select(keep)
-    every = Groups.concat(seen, G)
+    out = every.select(keep)
     lengths = torch.tensor([len(c) for c in every.completion_ids], dtype=torch.float64)
     metrics = {
         "reward/mean": float(every.rewards_P_G.mean()),

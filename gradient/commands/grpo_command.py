@@ -27,8 +27,8 @@ def run(args, cfg) -> None:
     import sys
 
     from es_llm.run_folder import check_extends, other_machine
-    from gradient.setup import build, latest_checkpoint, saved_step
-    from gradient.trainer import run as train
+    from gradient.loop.setup import build, latest_checkpoint, saved_step
+    from gradient.loop.trainer import run as train
 
     out = training_out(args)
     # A run killed before its first checkpoint starts again from the base model, which is

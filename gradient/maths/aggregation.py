@@ -7,13 +7,13 @@ is always named explicitly. Every mode is registered with ``@register_aggregatio
 takes the same ``AggregationInput``; ``aggregate(...)`` dispatches.
 
 Global divisors: ``global_tokens`` and ``global_seqs`` count the whole optimizer step (all
-micro-batches), and the trainer computes them (``count_tokens``, ``count_seqs``) over the
-whole step before the first backward. Each micro-batch then contributes its share of one
-global mean, so summing micro-batch gradients (and averaging nothing) reproduces the
-full-batch gradient, whatever the micro-batch size. The trainer is single-process; a
-data-parallel one would sum the counts over its ranks the same way and then *sum* gradients
-over ranks (or multiply by the world size before an averaging allreduce), so the world size
-would still never enter this module.
+micro-batches), and the trainer computes them over the whole step before the first backward
+(the tokens its log-prob estimator scores, ``gradient.dllm.estimators.scored_tokens``, and
+the rows). Each micro-batch then contributes its share of one global mean, so summing
+micro-batch gradients (and averaging nothing) reproduces the full-batch gradient, whatever
+the micro-batch size. The trainer is single-process; a data-parallel one would sum the counts
+over its ranks the same way and then *sum* gradients over ranks (or multiply by the world
+size before an averaging allreduce), so the world size would still never enter this module.
 
 Masking: positions where ``mask_B_T`` is 0 are replaced by 0 before summing, so any finite
 or infinite garbage there cannot reach the result or the gradient, and a row with no tokens
@@ -97,19 +97,6 @@ def aggregate(loss_B_T: torch.Tensor, mask_B_T: torch.Tensor, mode: str, *, glob
     """
     return _AGGREGATIONS.get(mode)(AggregationInput(loss_B_T, mask_B_T, global_tokens, global_seqs,
                                                 constant))
-
-
-def count_tokens(mask_B_T: torch.Tensor) -> int:
-    """Tokens in the loss (nonzero mask entries). A host sync: call it once per micro-batch
-    while building the step, then sum over ranks to get ``global_tokens``."""
-    return int((mask_B_T != 0).sum())
-
-
-def count_seqs(mask_B_T: torch.Tensor) -> int:
-    """Rows with at least one token in the loss, to sum into ``global_seqs``. An empty row
-    contributes 0 to every mode; counting it too (pass the row count instead) shrinks the
-    seq-mean modes by the share of empty rows."""
-    return int((mask_B_T != 0).any(dim=1).sum())
 
 
 @register_aggregation("token-mean")

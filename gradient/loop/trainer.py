@@ -2,7 +2,7 @@
 
 ``step`` is one step, ``run`` the whole job. Every method difference is a registered function
 picked by name from the config (advantages, policy loss, aggregation, KL estimator, log-prob
-estimator, distillation method), a birth stage or loss term of the run's ``stages.Plan``
+estimator, distillation method), a birth stage or loss term of the run's ``plan.Plan``
 (chosen once from the config and those functions' declarations), or a switch on the data
 side (dynamic sampling, overlong shaping, prefixes); the loop itself has no per-method
 branches. Rollouts travel as a typed ``batch.RolloutBatch``.
@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -41,49 +40,17 @@ from es_llm.finite import Diverged, check, check_update, stop_error
 from es_llm.io import complete_jsonl_rows, save_hf_checkpoint, write_text_atomic
 from es_llm.run_folder import AppendLog, written
 from es_llm.tasks.base import too_long_notice
-from gradient.aggregation import aggregate
-from gradient.batch import RolloutBatch
 from gradient.config import GRPORunConfig
 from gradient.dllm.estimators import scored_tokens
-from gradient.rollouts import collect
-from gradient.seeds import derive_seed
-from gradient.stages import (TERMS, Plan, StageInput, TermInput, estimate_input, gate, plan,
-                             policy_estimate, run_birth, views)
-
-
-@dataclass
-class Edges:
-    """What the loop is handed: the policy and its optimizer, the sampler and its weight
-    sync, the task, and the frozen reference model (None without a KL term)."""
-
-    model: torch.nn.Module
-    tokenizer: object
-    backend: object
-    task: object
-    optimizer: torch.optim.Optimizer
-    ref_model: torch.nn.Module | None = None
-    # Pushes the policy's weights into the sampler after an update (None: the sampler is
-    # the policy itself).
-    sync: object = None
-    # Frozen models of on-policy distillation by role (teacher, base, positive, negative);
-    # empty without distillation.
-    teachers: dict = field(default_factory=dict)
-    # A diffusion policy's sampler block length (its estimators score block by block).
-    block_length: int = 1
-    # LatentRevise's recovered trajectories by problem id: (prompt ids, completion ids with
-    # EOS, reward), verified at set-up; empty without algo.recovered.data.
-    recovered: dict = field(default_factory=dict)
-
-
-@dataclass
-class TrainerState:
-    step: int = 0
-    # Rollouts generated so far (dropped groups included): the budget compared across methods.
-    samples: int = 0
-    prefix: object = None
-    replay: object = None
-    # RSTG: the teacher's solve rate and shortest correct trajectory per problem id.
-    teacher_solve: dict = field(default_factory=dict)
+from gradient.loop.batch import RolloutBatch
+from gradient.loop.birth_stages import StageInput
+from gradient.loop.estimates import estimate_input, policy_estimate, views
+from gradient.loop.loss_terms import TERMS, TermInput, gate
+from gradient.loop.plan import Plan, plan, run_birth
+from gradient.loop.rollouts import collect
+from gradient.loop.seeds import derive_seed
+from gradient.loop.state import Edges, TrainerState
+from gradient.maths.aggregation import aggregate
 
 
 def _micro_loss(edges: Edges, batch: RolloutBatch, cfg: GRPORunConfig, tokens: float,

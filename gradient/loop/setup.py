@@ -14,12 +14,12 @@ from es_llm.errors import BadInput
 from es_llm.finite import check_start
 from es_llm.models import check_model_path
 from es_llm.tasks import build_task
-from gradient.adaprefix import PrefixState
-from gradient.batch import Rollout
 from gradient.config import GRPORunConfig
 from gradient.distill.methods import method_spec
-from gradient.replay import AdvantageReplayBuffer
-from gradient.trainer import Edges, TrainerState
+from gradient.loop.batch import Rollout
+from gradient.loop.state import Edges, TrainerState
+from gradient.maths.adaprefix import PrefixState
+from gradient.maths.replay import AdvantageReplayBuffer
 
 
 def saved_step(checkpoint: Path) -> int:

@@ -3,8 +3,8 @@
 Every estimator is registered with ``@register_advantage(name)`` and takes the same
 ``AdvantageInput``; ``compute_advantages(name, inp)`` dispatches. All of them are
 outcome-level: one scalar reward per rollout, one advantage per rollout. The trainer
-spreads each rollout's advantage over its generated tokens (advantage times the token mask;
-``gradient.losses.token_advantages`` is the same broadcast without the zeros).
+spreads each rollout's advantage over its generated tokens with
+``gradient.maths.losses.token_advantages``.
 
 Row p of ``rewards_P_G`` holds the G rollouts of prompt p; advantages are computed within each
 row (the "group"). A group whose rewards are all equal carries no signal and gets exactly 0

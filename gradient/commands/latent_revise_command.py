@@ -1,5 +1,5 @@
 """``es-llm latent-revise``: recover zero-hit prompts by revising failed rollouts' prefixes
-in embedding space (``gradient.recovery``)."""
+in embedding space (``gradient.commands.recovery``)."""
 
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ DIR/recovered.jsonl (the training data: one verified trajectory per recovered pr
 resampled.jsonl, base_rollouts.jsonl (as many correct base samples of other prompts, for
 an SFT control), attempts.jsonl, metrics.json and report.md (recovery rates with 95%
 intervals, their paired difference, token passes and seconds of both arms).""",
-    config="gradient.recovery:LatentReviseConfig",
-    run=writes_out("gradient.recovery:latent_revise"),
+    config="gradient.commands.recovery:LatentReviseConfig",
+    run=writes_out("gradient.commands.recovery:latent_revise"),
     flags=(MODEL, *TASK),
     out_required=True,
 )

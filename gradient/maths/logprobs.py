@@ -1,4 +1,5 @@
-"""Teacher-forced log-probabilities of sampled completions under the trainer's model.
+"""Teacher-forced log-probabilities of sampled completions under the trainer's model (the
+autoregressive estimator of ``gradient.dllm.estimators`` and the distillation scorers).
 
 All rows go through the model as one batch of ``[prompt ; completion]`` rows: prompts are
 left-padded and completions right-padded to a common length, so every row's first
@@ -12,57 +13,6 @@ from __future__ import annotations
 from typing import Sequence
 
 import torch
-
-
-def completion_logprobs(model, prompt_ids: Sequence[Sequence[int]],
-                        completion_ids: Sequence[Sequence[int]], *, temperature: float,
-                        pad_id: int, with_entropy: bool = True, micro_batch: int | None = None
-                        ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """Log-probability of each completion token given its prompt and the completion before it,
-    under ``log_softmax(logits / temperature)`` computed in float32.
-
-    ``model`` is a Hugging Face causal LM (its forward takes ``attention_mask``,
-    ``position_ids`` and ``logits_to_keep``); it is used as it is (train or eval mode, any
-    device: the batch is built on the device of its parameters). ``prompt_ids`` and
-    ``completion_ids`` are ``B`` lists of token ids; every prompt must be non-empty.
-
-    ``temperature`` must be the sampler's: TRL divides the trainer's logits by the sampling
-    temperature, and vLLM's processed logprobs are after the same division, so the two sides
-    of an importance ratio describe the same distribution. Top-p is not applied here.
-
-    Returns ``(logp_B_T, entropy_B_T, mask_B_T)``, float32 on the model's device, with ``T``
-    the longest completion: ``logp_B_T[i, t]`` is the log-probability of
-    ``completion_ids[i][t]``, ``entropy_B_T[i, t]`` the entropy of the same distribution
-    (``None`` unless ``with_entropy``), and ``mask_B_T`` is 1 on real completion tokens and 0
-    on padding, where ``logp`` and ``entropy`` are 0.
-
-    Gradients flow to the model's parameters unless the call runs under ``torch.no_grad()``
-    (old or reference log-probs). ``micro_batch`` runs at most that many rows through the
-    model at a time and concatenates the results; this bounds peak memory under
-    ``no_grad``. With gradients every chunk's graph stays alive until ``backward``, so a
-    trainer bounds memory by calling this per micro-batch and calling ``backward`` on each
-    chunk's loss (gradient accumulation) instead.
-    """
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0 (the sampler's temperature), got {temperature}")
-    if len(prompt_ids) != len(completion_ids):
-        raise ValueError(f"{len(prompt_ids)} prompts but {len(completion_ids)} completions")
-    if any(len(p) == 0 for p in prompt_ids):
-        raise ValueError("every prompt needs at least one token to condition the completion on")
-    if micro_batch is not None and micro_batch < 1:
-        raise ValueError(f"micro_batch must be at least 1, got {micro_batch}")
-    B = len(prompt_ids)
-    T = max((len(c) for c in completion_ids), default=0)
-    step = micro_batch or max(B, 1)
-    parts = [_score_rows(model, prompt_ids[s:s + step], completion_ids[s:s + step], T,
-                         temperature, pad_id, with_entropy) for s in range(0, B, step)]
-    if not parts:
-        device = next(model.parameters()).device
-        empty_B_T = torch.zeros((0, T), device=device)
-        return empty_B_T, (empty_B_T if with_entropy else None), empty_B_T
-    logp_B_T = torch.cat([p[0] for p in parts])
-    entropy_B_T = torch.cat([p[1] for p in parts]) if with_entropy else None
-    return logp_B_T, entropy_B_T, torch.cat([p[2] for p in parts])
 
 
 def pack_rows(prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]],
@@ -88,6 +38,10 @@ def completion_logits(model, prompt_ids, completion_ids, T: int, temperature: fl
     ``hidden_layer`` is given, that layer's hidden states at the same positions (the state
     the prediction is made from; ``-1`` = the last layer), else ``None``. Gradients flow
     unless the caller runs under ``torch.no_grad()``.
+
+    ``temperature`` must be the sampler's: vLLM's processed log-probs are after the same
+    division (as TRL's trainer does it), so both sides of an importance ratio describe one
+    distribution. Top-p is not applied here.
     """
     device = next(model.parameters()).device
     ids_B_L, attention_B_L = (x.to(device) for x in pack_rows(prompt_ids, completion_ids,
@@ -121,19 +75,6 @@ def token_stats(logp_B_T_V: torch.Tensor, targets_B_T: torch.Tensor, mask_B_T: t
     if with_entropy:
         entropy_B_T = -(logp_B_T_V.exp() * logp_B_T_V).sum(-1) * mask_B_T
     return logp_B_T, entropy_B_T
-
-
-def _score_rows(model, prompt_ids, completion_ids, T: int, temperature: float, pad_id: int,
-                with_entropy: bool):
-    """``completion_logprobs`` for one micro-batch, padded to ``T`` completion tokens."""
-    if T == 0:
-        device = next(model.parameters()).device
-        empty_B_T = torch.zeros((len(prompt_ids), 0), device=device)
-        return empty_B_T, empty_B_T, empty_B_T
-    logp_B_T_V, targets_B_T, mask_B_T, _ = completion_logits(
-        model, prompt_ids, completion_ids, T, temperature, pad_id)
-    logp_B_T, entropy_B_T = token_stats(logp_B_T_V, targets_B_T, mask_B_T, with_entropy)
-    return logp_B_T, entropy_B_T, mask_B_T
 
 
 def pad_rows(rows_B: list[list[float]], T: int, device) -> torch.Tensor:

@@ -3,7 +3,7 @@
 Every loss is registered with ``@register_loss(name)``, takes the same ``LossInput`` and
 returns ``(loss_B_T, metrics)``; ``compute_loss(name, inp)`` dispatches. The loss is to be
 minimised (it is minus the surrogate objective). Reduction over tokens and rows is separate
-(``gradient.aggregation.aggregate``), so a loss never knows the batch geometry, the world
+(``gradient.maths.aggregation.aggregate``), so a loss never knows the batch geometry, the world
 size or the number of accumulation steps, and never leaves the device (no ``.item()``).
 
 Masking: ``loss_B_T`` is exactly 0 wherever ``mask_B_T`` is 0, and the values sitting there

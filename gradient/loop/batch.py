@@ -2,9 +2,9 @@
 
 A ``Rollout`` is one completion the policy is trained on (sampled by the engine, or given, as
 RSTG's teacher trajectories): its token ids, what the sampler and the verifier said of it,
-and the fields birth stages attach (``gradient.stages``). It is frozen: a stage returns new
-rollouts with ``dataclasses.replace``, so a rollout kept in the replay buffer cannot be
-changed behind its back. A ``RolloutBatch`` is an ordered tuple of them, and ``padded``
+and the fields birth stages attach (``gradient.loop.birth_stages``). It is frozen: a stage
+returns new rollouts with ``dataclasses.replace``, so a rollout kept in the replay buffer
+cannot be changed behind its back. A ``RolloutBatch`` is an ordered tuple of them, and ``padded``
 collates one micro-batch into the ``_B_T`` tensors the loss terms read, once.
 
 Per-token fields are stored as float lists of the completion's length (not tensors): a batch
@@ -19,8 +19,9 @@ from typing import Iterator, Sequence
 
 import torch
 
-from gradient.logprobs import pad_rows
-from gradient.seeds import derive_seed
+from gradient.loop.seeds import derive_seed
+from gradient.maths.logprobs import pad_rows
+from gradient.maths.losses import token_advantages
 
 
 @dataclass(frozen=True)
@@ -40,10 +41,9 @@ class Rollout:
     mask_seed: int = 0
     # What a diffusion sampler saw (DiffusionTrace); None for autoregressive rollouts.
     trace: object = None
-    # The task reward's advantage of the whole sequence (the configured estimator's).
-    adv: float = 0.0
-    # Per-token advantages that replace ``adv`` (distillation transforms, SFT rows).
-    adv_tokens: list[float] | None = None
+    # The advantage: one value for the whole sequence (the configured estimator's, from the
+    # task reward), or one per generated token (distillation transforms, SFT rows).
+    adv: float | list[float] = 0.0
     # GAPO's upper clip width of this rollout's group.
     clip_high: float | None = None
     # Frozen at birth, before any update: the trainer's log-probs (one list per inner
@@ -57,12 +57,6 @@ class Rollout:
     # SLIM-RL quadrature: the Gauss-Legendre level of this row and its weight ``K w_j``.
     level: int | None = None
     row_weight: float | None = None
-    # RSTG's SFT row on the teacher's trajectory.
-    sft: bool = False
-    # Marks a row the policy did not sample (LatentRevise's recovered trajectory). What turns
-    # the trainer/engine correction off for it is its missing engine log-probs (engine_logp
-    # None); its behaviour log-probs are the policy's own.
-    off_policy: bool = False
 
     def old(self, view: int) -> list[float] | None:
         return self.old_views[view] if self.old_views else self.old_logp
@@ -70,13 +64,24 @@ class Rollout:
     def ref(self, view: int) -> list[float] | None:
         return self.ref_views[view] if self.ref_views else self.ref_logp
 
+    def per_token(self) -> bool:
+        """Whether the advantage is one value per token rather than one for the sequence."""
+        return isinstance(self.adv, list)
+
+    def mean_adv(self) -> float:
+        """The advantage as one number: the sequence's, or the mean over the tokens."""
+        return sum(self.adv) / max(len(self.adv), 1) if self.per_token() else self.adv
+
     @staticmethod
     def from_saved(payload) -> "Rollout":
-        """A rollout from a trainer state: itself, or the field dict older states hold."""
-        if isinstance(payload, Rollout):
-            return payload
+        """A rollout from a trainer state, as saved by any version: older states hold field
+        dicts, and before the advantage was one field its per-token values were
+        ``adv_tokens``; fields no longer declared are dropped."""
+        saved = dict(vars(payload) if isinstance(payload, Rollout) else payload)
+        if saved.get("adv_tokens") is not None:
+            saved["adv"] = saved["adv_tokens"]
         known = {f.name for f in fields(Rollout)}
-        return Rollout(**{k: v for k, v in payload.items() if k in known})
+        return Rollout(**{k: v for k, v in saved.items() if k in known})
 
 
 @dataclass(frozen=True)
@@ -87,6 +92,8 @@ class PaddedBatch:
     old_logp_B_T: torch.Tensor | None
     is_weight_B_T: torch.Tensor | None
     ref_logp_B_T: torch.Tensor | None
+    # The advantage of each token: a sequence's is broadcast along its row (what it holds
+    # where the estimate's mask is 0 is never read).
     adv_B_T: torch.Tensor
     # GAPO's per-row upper clip widths (float64), quadrature's row weights.
     clip_high_B: torch.Tensor | None
@@ -115,7 +122,7 @@ class RolloutBatch:
 
     @staticmethod
     def from_groups(groups, seed: int, step: int) -> "RolloutBatch":
-        """One rollout per sampled completion of ``groups`` (``gradient.rollouts.Groups``,
+        """One rollout per sampled completion of ``groups`` (``gradient.loop.rollouts.Groups``,
         prompt-major), each with the seed of its log-prob masks."""
         G = groups.rewards_P_G.shape[1]
         reward_B = groups.rewards_P_G.reshape(-1).tolist()
@@ -148,10 +155,10 @@ class RolloutBatch:
         T, dev = mask_B_T.shape[1], mask_B_T.device
         rs, first = self.rollouts, self.rollouts[0]
         frozen = first.old_logp is not None
-        if first.adv_tokens is not None:
-            adv_B_T = pad_rows([r.adv_tokens for r in rs], T, dev)
+        if first.per_token():
+            adv_B_T = pad_rows([r.adv for r in rs], T, dev)
         else:
-            adv_B_T = torch.tensor([r.adv for r in rs], device=dev)[:, None] * mask_B_T
+            adv_B_T = token_advantages(torch.tensor([r.adv for r in rs], device=dev), mask_B_T)
         return PaddedBatch(
             old_logp_B_T=pad_rows([r.old(view) for r in rs], T, dev) if frozen else None,
             is_weight_B_T=pad_rows([r.is_weight for r in rs], T, dev) if frozen else None,

@@ -1,5 +1,5 @@
 """``es-llm latent-revise``: find a model's zero-hit prompts, revise failed rollouts of each
-with LatentRevise (``gradient.latent_revise``), and write the verified trajectories as a
+with LatentRevise (``gradient.maths.latent_revise``), and write the verified trajectories as a
 training data file, beside plain resampling at the same cost.
 
 1. **Search.** ``search.n`` (k) samples per training prompt; a prompt none of them
@@ -11,7 +11,7 @@ training data file, beside plain resampling at the same cost.
    the task's verifier on prefix + continuation. A prompt is recovered when one is correct.
 3. **Resample.** The same prompts get plain samples, as many as cost the same token passes
    as the prompt's revision and continuations (forward tokens, backward at twice that; see
-   ``gradient.latent_revise``); a prompt is recovered when one of them is correct.
+   ``gradient.maths.latent_revise``); a prompt is recovered when one of them is correct.
 
 Writes ``recovered.jsonl`` (one verified trajectory per recovered prompt: the problem's
 record plus ``completion``, a task data file and an SFT file at once), ``resampled.jsonl``
@@ -48,14 +48,14 @@ from es_llm.errors import BadInput
 from es_llm.evaluate import SamplingConfig
 from es_llm.io import write_json_atomic, write_jsonl_atomic, write_text_atomic
 from es_llm.metrics.passk import bootstrap_ci
+from es_llm.models import check_model_path, resolve_training_data
 from es_llm.report import (Heading, Paragraph, Table, fixed, interval, pct, signed,
                            write_report)
-from es_llm.models import check_model_path, resolve_training_data
 from es_llm.run_folder import check_out_path
 from es_llm.tasks import TaskConfig, build_task
 from es_llm.testbed.train import record
-from gradient.latent_revise import RevisionProblem, revise
-from gradient.seeds import derive_seed
+from gradient.loop.seeds import derive_seed
+from gradient.maths.latent_revise import RevisionProblem, revise
 
 CUTS = ("first_wrong", "fraction")
 _SPAN_RE = re.compile(r"\S+")

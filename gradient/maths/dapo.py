@@ -22,7 +22,7 @@ def zero_variance_groups(rewards_P_G: torch.Tensor) -> torch.Tensor:
     """``bool_P``: True where every rollout of prompt p has exactly the same reward.
 
     Exact equality, not a tolerance: such a group has every advantage 0 (see
-    ``gradient.advantages``) and contributes no policy gradient, only dilutes the batch.
+    ``gradient.maths.advantages``) and contributes no policy gradient, only dilutes the batch.
     A group of one rollout counts as zero-variance.
     """
     _check_rewards(rewards_P_G)

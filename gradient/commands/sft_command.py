@@ -1,4 +1,4 @@
-"""``es-llm sft``: supervised fine-tuning on prompt / completion rows (``gradient.sft``)."""
+"""``es-llm sft``: supervised fine-tuning on prompt / completion rows (``gradient.loop.sft``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from es_llm.errors import BadInput
 
 def run(args, cfg) -> None:
     from es_llm.run_folder import check_out_path, holds_run
-    from gradient.sft import run_sft
+    from gradient.loop.sft import run_sft
 
     out = check_out_path(required_out(args))
     if out.is_dir() and holds_run(out):
@@ -26,7 +26,7 @@ recovered trajectories of `es-llm latent-revise` or its base_rollouts.jsonl cont
 completion's tokens and EOS are scored, the prompt is not; AdamW (optim.*), `epochs` passes
 in seeded shuffles of `batch_size` rows. Writes DIR/config.yaml, metrics.jsonl and
 checkpoints/final (an HF folder with the model's held-out data/).""",
-    config="gradient.sft:SFTRunConfig",
+    config="gradient.loop.sft:SFTRunConfig",
     run=run,
     flags=(MODEL, Flag("--data", "data")),
     out_required=True,

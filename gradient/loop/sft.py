@@ -29,7 +29,7 @@ from es_llm.models import check_model_path
 from es_llm.run_folder import AppendLog, written
 from es_llm.testbed.train import completion_batch
 from gradient.config import OptimSettings
-from gradient.seeds import derive_seed
+from gradient.loop.seeds import derive_seed
 
 
 @dataclass(frozen=True)
