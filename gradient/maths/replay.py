@@ -17,7 +17,9 @@ drift since it was generated, and the clipped loss bounds that drift.
 
 Departures and the trainer's share: the paper nudges the replay count so the batch divides
 the data-parallel size; that is batch geometry, so the trainer trims or pads the list
-``compose`` returns. ``version`` is the number of optimizer updates applied to the policy
+``compose`` returns. The paper's rollouts carry one sequence advantage; a rollout whose
+advantage is per token (a distillation method's) enters with the mean over its tokens as
+its ``A_i``. ``version`` is the number of optimizer updates applied to the policy
 that generated the fresh rollouts. All randomness comes from the ``torch.Generator`` passed
 in (a CPU generator): the same buffer contents and generator state give the same draw.
 """
