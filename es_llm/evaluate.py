@@ -20,6 +20,7 @@ from es_llm.io import write_json_atomic, write_jsonl_atomic, write_text_atomic
 from es_llm.metrics.summary import evaluation_metrics, format_table
 from es_llm.models import check_model_path, resolve_task_config
 from es_llm.run_folder import check_out_path
+from es_llm.runtime import Runtime, check_context
 from es_llm.tasks import Problem, TaskConfig, build_task
 from es_llm.tasks.base import too_long_notice
 
@@ -54,6 +55,8 @@ class EvalConfig:
     # Generation backend: auto (vLLM when installed), hf or vllm; or reference (no model:
     # every problem answered with its own reference solution, a check of the verifier).
     backend: str = choice("auto", lambda: (*BACKEND_NAMES, "reference"))
+    # Device, dtype, context length and engine memory of the evaluated model.
+    runtime: Runtime = field(default_factory=Runtime)
     # Bootstrap resamples over problems for the 95% confidence intervals.
     bootstrap: int = 1000
     # Seed for the metric estimators' own randomness (bootstrap, maj@k subsets).
@@ -129,8 +132,10 @@ def evaluate(cfg: EvalConfig, out: str | Path, progress: bool = True, echo=print
             from es_llm.backends.reference import ReferenceBackend
             backend = ReferenceBackend(problems, cfg.task.name)
         else:
+            check_context(cfg.model, None, [p.prompt for p in problems], cfg.sampling.max_tokens,
+                          cfg.runtime, where="sampling.max_tokens")
             backend = make_backend(BackendSpec(cfg.model, backend=cfg.backend,
-                                               seed=cfg.sampling.seed))
+                                               runtime=cfg.runtime, seed=cfg.sampling.seed))
         t_load = time.perf_counter() - t0
         echo(f"evaluating {cfg.model or 'the reference solutions'} on {len(problems)} "
              f"{cfg.task.name} problems, n={cfg.sampling.n}, T={cfg.sampling.temperature}, "

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from es_llm.config import check_choices, choice
 from es_llm.errors import BadInput
+from es_llm.runtime import Runtime
 from es_llm.tasks import TaskConfig
 from gradient.distill.config import DistillSettings
 from gradient.maths.adaprefix import PrefixControllerConfig
@@ -351,8 +352,10 @@ class GRPORunConfig:
     checkpoint_every: int = 20
     # Rows per forward/backward pass; the loss is the same for any value (global counts).
     micro_batch: int = 64
-    # Device of the policy (and reference and teachers): cpu or cuda.
-    device: str = choice("cpu", lambda: ("cpu", "cuda"))
+    # Device, precision (float32 master weights and optimizer state, compute in
+    # runtime.dtype), context, engine memory and gradient checkpointing of the policy, its
+    # rollout engine, the reference and the teachers.
+    runtime: Runtime = field(default_factory=Runtime)
     rollout: RolloutSettings = field(default_factory=RolloutSettings)
     algo: AlgoSettings = field(default_factory=AlgoSettings)
     optim: OptimSettings = field(default_factory=OptimSettings)

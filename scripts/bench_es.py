@@ -56,6 +56,7 @@ from es_llm.es.config import EngineSettings, ESRunConfig
 from es_llm.es.engine import evaluate_members, member_prompts, prompt_batch
 from es_llm.es.setup import build_edges
 from es_llm.models import resolve_training_data
+from es_llm.runtime import Runtime
 from es_llm.tasks import TaskConfig
 from es_llm.testbed.build import model_or_testbed
 from populations import es as pes
@@ -181,8 +182,8 @@ def lowrank_cfg(model: str, args, population: int) -> ESRunConfig:
     per prompt (as EGGROLL scores 8 members per prompt)."""
     k = args.prompts_per_member
     return resolve_training_data(ESRunConfig(
-        model=model, task=TaskConfig(name="countdown"), backend="hf", device=args.device,
-        dtype=args.dtype, max_tokens=args.max_tokens,
+        model=model, task=TaskConfig(name="countdown"), backend="hf",
+        runtime=Runtime(device=args.device, dtype=args.dtype), max_tokens=args.max_tokens,
         prompts_per_iteration=max(k, population // 8 * k),
         es=pes.ESConfig(population=population, sigma=0.01, lr=0.005, antithetic=True,
                         kind="lowrank", rank=args.rank, noise_device=args.noise_device),
@@ -287,9 +288,11 @@ def vllm_lora_throughput(model: str, args, tmp: Path) -> dict:
     from vllm import SamplingParams as VSP
     from vllm.lora.request import LoRARequest
 
-    backend = make_backend(BackendSpec(model, backend="vllm", dtype=args.dtype, engine_args={
-        "enable_prefix_caching": False, "enable_lora": True, "max_loras": args.members_per_call,
-        "max_lora_rank": next(r for r in VLLM_LORA_RANKS if r >= args.rank)}))
+    lora = {"enable_prefix_caching": False, "enable_lora": True,
+            "max_loras": args.members_per_call,
+            "max_lora_rank": next(r for r in VLLM_LORA_RANKS if r >= args.rank)}
+    backend = make_backend(BackendSpec(model, backend="vllm", runtime=Runtime(dtype=args.dtype),
+                                       engine_args=lora))
     rows = [(m, batch[i].prompt) for m in members for i in assigned[m.index]]
     params = VSP(temperature=0.0, max_tokens=args.max_tokens)
     per_call = args.members_per_call * cfg.engine.prompts_per_member
@@ -415,7 +418,8 @@ def main() -> None:
         return
     es_args = [f"backend={args.backend}", f"iterations={args.iterations}",
                f"es.population={args.population}", f"prompts_per_iteration={args.prompts}",
-               f"max_tokens={args.max_tokens}", f"device={args.device}", f"dtype={args.dtype}",
+               f"max_tokens={args.max_tokens}", f"runtime.device={args.device}",
+               f"runtime.dtype={args.dtype}",
                f"es.noise_device={args.noise_device}", "es.antithetic=true",
                "es.sigma=0.01", "es.lr=0.005", "checkpoint_every=1000"]
     if not args.skip_mpi:
@@ -423,8 +427,8 @@ def main() -> None:
         two = iteration_times(str(path), es_args, 2)  # one core per rank
     cfg = resolve_training_data(ESRunConfig(
         model=str(path), task=TaskConfig(name="countdown"), backend=args.backend,
-        prompts_per_iteration=args.prompts, max_tokens=args.max_tokens, device=args.device,
-        dtype=args.dtype,
+        prompts_per_iteration=args.prompts, max_tokens=args.max_tokens,
+        runtime=Runtime(device=args.device, dtype=args.dtype),
         es=pes.ESConfig(population=args.population, sigma=0.01, lr=0.005, antithetic=True,
                         noise_device=args.noise_device)))
     r = in_process(cfg, args.repeats)

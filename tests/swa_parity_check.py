@@ -70,6 +70,7 @@ def convention(scratch: str) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from es_llm.backends.vllm_backend import VLLMBackend
+    from es_llm.runtime import Runtime
 
     tiny = Path(scratch) / "one_layer"
     _one_layer(tiny)
@@ -90,7 +91,7 @@ def convention(scratch: str) -> dict:
     result = {"window": WINDOW,
               "hf_inside_changes": float((_last_logp_hf(hf, inside) - ref).abs().max()),
               "hf_outside_changes": float((_last_logp_hf(hf, outside) - ref).abs().max())}
-    engine = VLLMBackend(str(tiny), max_model_len=128)
+    engine = VLLMBackend(str(tiny), runtime=Runtime(max_model_len=128))
     v_ref = _prompt_logp_vllm(engine.llm, base, probe)
     result["vllm_inside_changes"] = abs(_prompt_logp_vllm(engine.llm, inside, probe) - v_ref)
     result["vllm_outside_changes"] = abs(_prompt_logp_vllm(engine.llm, outside, probe) - v_ref)

@@ -10,9 +10,9 @@ from es_llm.backends import BackendSpec, choose_backend, make_backend
 from es_llm.backends import factory
 from es_llm.backends.base import SamplingParams
 from es_llm.backends.hf import nucleus_sample
-from es_llm.io import SAMPLING_FILE
 from es_llm.errors import BadInput
-from es_llm.io import read_jsonl
+from es_llm.io import SAMPLING_FILE, read_jsonl
+from es_llm.runtime import Runtime
 
 
 def eval_prompts(testbed, k=24):
@@ -86,8 +86,9 @@ def test_the_factory_chooses_by_the_model_and_the_setting(folders, monkeypatch, 
 def test_the_factory_refuses_a_missing_cuda_device_before_building(ci_testbed, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(BadInput, match="device 'cuda' was asked for but torch sees no CUDA "
-                                       "device; use device=cpu"):
-        make_backend(BackendSpec(str(ci_testbed), backend="hf", device="cuda"))
+                                       "device; use runtime.device=cpu"):
+        make_backend(BackendSpec(str(ci_testbed), backend="hf",
+                                 runtime=Runtime(device="cuda")))
 
 
 def test_the_cuda_refusal_is_written_once():

@@ -123,11 +123,20 @@ def test_eval_on_math500_runs_the_math_verifier(ci_testbed, tmp_path, shared_dat
     # The testbed cannot solve MATH-500; this checks the path: file loading, prompts,
     # verification in the worker process, and a complete samples/metrics folder.
     out = tmp_path / "eval"
-    proc = run_cli("eval", "--model", str(ci_testbed), "--task", "math", "--data",
-                   str(shared_data / "math" / "math500.jsonl"), "--limit", "4", "--n", "2",
-                   "--max-tokens", "16", "--backend", "hf", "--out", str(out), "--no-progress")
+    args = ("eval", "--model", str(ci_testbed), "--task", "math", "--data",
+            str(shared_data / "math" / "math500.jsonl"), "--n", "2", "--max-tokens", "16",
+            "--backend", "hf", "--out", str(out), "--no-progress")
+    # The second problem is 258 characters, each a token of the testbed's tokenizer: past
+    # the model's 256 positions before a token is generated. Refused at load, naming the
+    # prompt's tokens, max_tokens and the context, and nothing written.
+    long = run_cli(*args, "--limit", "2")
+    assert long.returncode == 2
+    assert all(str(n) in long.stderr for n in ("258 tokens", "max_tokens is 16", "274",
+                                               "is 256 tokens"))
+    assert not out.exists()
+    proc = run_cli(*args, "--limit", "1")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rows, metrics = check_eval_folder(out, 2, 4)
+    rows, metrics = check_eval_folder(out, 2, 1)
     assert rows[0]["prompt"].startswith("Convert the point $(0,3)$")
     assert all(r["reward"] == 0.0 for r in rows)
 

@@ -208,7 +208,7 @@ def test_probe_sigma_reports_pair_diagnostics_and_writes_no_run(ci_testbed, tmp_
 def test_a_bf16_run_logs_the_realised_update_cosine(ci_testbed, tmp_path):
     out = tmp_path / "bf16"
     assert main(["es", "--config", str(LOWRANK), "--out", str(out), "--no-progress",
-                 f"model={ci_testbed}", "dtype=bfloat16", "iterations=2",
+                 f"model={ci_testbed}", "runtime.dtype=bfloat16", "iterations=2",
                  "checkpoint_every=100", "es.lr=0.0005"]) == 0
     cosines = [m["es/realised_cosine"] for m in read_jsonl(out / "metrics.jsonl")]
     # bf16 rounding loses part of a small update, never all of it at this lr.

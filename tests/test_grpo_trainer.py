@@ -196,7 +196,7 @@ def test_kl_to_the_reference_is_zero_at_the_start_and_falls_when_it_is_trained(c
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_grpo_on_cuda_raises_a_dense_reward(ci_testbed, tmp_path):
-    r = _sevens(ci_testbed, tmp_path, "hf", "device=cuda")
+    r = _sevens(ci_testbed, tmp_path, "hf", "runtime.device=cuda")
     print(r)
     assert r["after"] > r["before"] + 0.05, r
     assert r["params_changed"] == r["params"]

@@ -12,8 +12,8 @@ needs in one ``BackendSpec`` and gets it from ``make_backend``, which
    is refused with that reason;
 3. builds it with the registered builder of the chosen name, one ``BackendSpec`` in.
 
-A setting that commands will later pass through (a device, a dtype, a context length) is a
-field of the spec, so a new caller only fills it in.
+The command's model settings (``es_llm.runtime.Runtime``: device, dtype, context length,
+engine memory) travel whole in the spec, so every caller serves its model the same way.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from typing import Any, Callable, Mapping
 from es_llm.backends.base import Backend
 from es_llm.backends.vllm_backend import vllm_available
 from es_llm.errors import BadInput
+from es_llm.runtime import Runtime, check_tokenizer
 from populations.registry import Registry
 
 BACKEND_NAMES = ("auto", "hf", "vllm")
@@ -42,10 +43,9 @@ class BackendSpec:
     model_path: str | None
     # The setting: auto (vLLM when installed), hf or vllm.
     backend: str = "auto"
-    # Device of a model the backend loads itself; a given model stays where it is.
-    device: str = "cpu"
-    # Dtype of a model hf or vllm loads itself (the diffusion sampler loads float32).
-    dtype: str = "float32"
+    # Device, dtype, context and engine memory of a model the backend loads itself (the
+    # diffusion sampler loads float32); a given model stays where and as it is.
+    runtime: Runtime = Runtime()
     # vLLM's engine seed (hf and diffusion draw from SamplingParams.seed alone).
     seed: int = 0
     # An already loaded model and its tokenizer: hf and diffusion decode with them, so an
@@ -58,8 +58,6 @@ class BackendSpec:
     weights: str = "fixed"
     # Which log-prob a completion carries: raw or processed (see backends.base).
     logprobs_mode: str = "raw"
-    # vLLM's context length; None = the model's own.
-    max_model_len: int | None = None
     # Sequences per forward batch of hf or diffusion; None = the backend's default.
     batch_size: int | None = None
     # Diffusion: the sampler settings (None = the folder's diffusion_sampling.json) and
@@ -93,7 +91,7 @@ def check_device(device: str) -> None:
 
     if device == "cuda" and not torch.cuda.is_available():
         raise BadInput("device 'cuda' was asked for but torch sees no CUDA device; use "
-                       "device=cpu.")
+                       "runtime.device=cpu.")
 
 
 def choose_backend(name: str, model_path: str | None, hf_only: str | None = None) -> str:
@@ -133,9 +131,17 @@ _BUILDERS: Registry[Callable[[BackendSpec], Backend]] = Registry("backend")
 
 
 def make_backend(spec: BackendSpec) -> Backend:
-    """The backend ``spec`` asks for, after the device check and the choice."""
-    check_device(spec.device)
-    return _BUILDERS.get(spec.choice())(spec)
+    """The backend ``spec`` asks for, after the device check, the tokenizer check (an
+    end-of-sequence token) and the choice."""
+    check_device(spec.runtime.device)
+    name = spec.choice()
+    if spec.tokenizer is not None:
+        check_tokenizer(spec.tokenizer, spec.model_path or "the model in memory")
+    else:
+        from transformers import AutoTokenizer
+
+        check_tokenizer(AutoTokenizer.from_pretrained(spec.model_path), spec.model_path)
+    return _BUILDERS.get(name)(spec)
 
 
 def _batch(spec: BackendSpec) -> dict:
@@ -145,12 +151,11 @@ def _batch(spec: BackendSpec) -> dict:
 
 @_BUILDERS.register("hf")
 def _hf(spec: BackendSpec) -> Backend:
-    import torch
-
     from es_llm.backends.hf import HFBackend
 
-    return HFBackend(spec.model_path, device=spec.device, dtype=getattr(torch, spec.dtype),
-                     model=spec.model, tokenizer=spec.tokenizer,
+    return HFBackend(spec.model_path, device=spec.runtime.device,
+                     load_kwargs=spec.runtime.load_kwargs(), model=spec.model,
+                     tokenizer=spec.tokenizer,
                      logprobs_mode=spec.logprobs_mode, **_batch(spec))
 
 
@@ -158,8 +163,8 @@ def _hf(spec: BackendSpec) -> Backend:
 def _vllm(spec: BackendSpec) -> Backend:
     from es_llm.backends.vllm_backend import VLLMBackend
 
-    return VLLMBackend(spec.model_path, max_model_len=spec.max_model_len, dtype=spec.dtype,
-                       seed=spec.seed, for_es=spec.weights == "es",
+    return VLLMBackend(spec.model_path, runtime=spec.runtime, seed=spec.seed,
+                       for_es=spec.weights == "es",
                        worker_extension=spec.weights == "pushed",
                        logprobs_mode=spec.logprobs_mode, engine_args=spec.engine_args)
 
@@ -169,5 +174,5 @@ def _diffusion(spec: BackendSpec) -> Backend:
     from es_llm.backends.diffusion import DiffusionBackend
 
     return DiffusionBackend(spec.model_path, sampling=spec.diffusion_sampling,
-                            device=spec.device, model=spec.model, tokenizer=spec.tokenizer,
+                            device=spec.runtime.device, model=spec.model, tokenizer=spec.tokenizer,
                             record_states=spec.record_states, **_batch(spec))

@@ -87,13 +87,15 @@ class HFBackend:
     name = "hf"
 
     def __init__(self, model_path: str, batch_size: int = 512, device: str = "cpu",
-                 dtype: torch.dtype = torch.float32, model=None, tokenizer=None,
+                 load_kwargs: dict | None = None, model=None, tokenizer=None,
                  logprobs_mode: str = "raw"):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.logprobs_mode = check_logprobs_mode(logprobs_mode)
         self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(model_path)
-        self.model = model or AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
+        # load_kwargs: from_pretrained's (dtype, attention; es_llm.runtime), default float32.
+        self.model = model or AutoModelForCausalLM.from_pretrained(
+            model_path, **(load_kwargs or {"dtype": torch.float32}))
         self.model.to(device).eval()
         self.device = device
         self.batch_size = batch_size

@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Hashable, Sequence
 
 from es_llm.backends.base import Completion, SamplingParams, check_logprobs_mode, stream_seeds
 from es_llm.comm.placement import cpu_list
+from es_llm.errors import BadInput
+from es_llm.runtime import Runtime, model_context, text_config
 
 if TYPE_CHECKING:
     import torch
@@ -59,6 +61,50 @@ def architecture_override(model_path: str) -> dict | None:
     return None
 
 
+def _head_size(model_path: str) -> int | None:
+    cfg = text_config(model_path)
+    if isinstance(cfg.get("head_dim"), int):
+        return cfg["head_dim"]
+    hidden, heads = cfg.get("hidden_size"), cfg.get("num_attention_heads")
+    return hidden // heads if isinstance(hidden, int) and isinstance(heads, int) and heads else None
+
+
+def check_serves(model_path: str, runtime: Runtime) -> None:
+    """BadInput, before an engine starts, when vLLM's CPU attention cannot serve the model's
+    head size or the dtype (vLLM 0.32 otherwise fails deep in its start-up). The supported
+    values are vLLM's own; on a GPU vLLM chooses among several attention kernels and checks
+    for itself."""
+    if runtime.device != "cpu":
+        return
+    import torch
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    sizes = CPUAttentionBackend.get_supported_head_sizes()
+    head = _head_size(model_path)
+    if head is not None and head not in sizes:
+        raise BadInput(f"{model_path} has attention heads of size {head}, which vLLM's CPU "
+                       f"attention cannot serve (it serves head sizes "
+                       f"{', '.join(map(str, sizes))}); use backend=hf for this model.")
+    dtypes = [str(d).removeprefix("torch.") for d in CPUAttentionBackend.supported_dtypes]
+    if getattr(torch, runtime.dtype) not in CPUAttentionBackend.supported_dtypes:
+        raise BadInput(f"vLLM's CPU attention cannot serve runtime.dtype={runtime.dtype}; "
+                       f"choose one of {', '.join(dtypes)}, or backend=hf.")
+
+
+def kv_cache_message(model_path: str, runtime: Runtime, detail: str) -> str:
+    """The user's paragraph for vLLM's refusal to start when the KV cache of one full-length
+    sequence does not fit the memory it may take."""
+    own = model_context(model_path)
+    length = runtime.max_model_len or own
+    memory = (f"runtime.cpu_kv_cache_gib={runtime.cpu_kv_cache_gib}" if runtime.device == "cpu"
+              else f"runtime.gpu_memory_utilization={runtime.gpu_memory_utilization}")
+    return (f"vLLM cannot hold the KV cache of one {length}-token sequence of {model_path} in "
+            f"the memory it was given ({memory}; the model's own context is {own} tokens). "
+            f"Set runtime.max_model_len to the context the task needs (its longest prompt "
+            f"plus max_tokens) or give the engine more memory ({memory.split('=')[0]}). "
+            f"vLLM said: {' '.join(detail.split())[:300]}")
+
+
 class VLLMBackend:
     """A vLLM engine behind ``Backend.generate``.
 
@@ -83,8 +129,7 @@ class VLLMBackend:
 
     name = "vllm"
 
-    def __init__(self, model_path: str, max_model_len: int | None = None, dtype: str = "float32",
-                 kv_cache_gib: int = 1, memory_utilization: float = 0.3, seed: int = 0,
+    def __init__(self, model_path: str, runtime: Runtime = Runtime(), seed: int = 0,
                  for_es: bool = False, logprobs_mode: str = "raw",
                  worker_extension: bool = False, prefix_caching: bool = True,
                  engine_args: dict | None = None):
@@ -93,7 +138,8 @@ class VLLMBackend:
             worker_extension, prefix_caching = True, False
         # These must be set before vllm is imported for the first time in this process.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
+        # The configured KV space wins over an exported one: the run's config records it.
+        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(runtime.cpu_kv_cache_gib)
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         # An engine's OpenMP threads stay on the cores this process may use (an MPI rank's
         # own share, see es_llm.comm.placement), not every core of the node.
@@ -101,6 +147,7 @@ class VLLMBackend:
                               cpu_list(sorted(os.sched_getaffinity(0))))
         from vllm import LLM
 
+        check_serves(model_path, runtime)
         extra = {}
         if worker_extension:
             extra["worker_extension_cls"] = "es_llm.backends.vllm_weights.ESWorkerExtension"
@@ -113,10 +160,16 @@ class VLLMBackend:
         self.worker_extension = worker_extension
         # Chunked prefill off: with seeded sampling, vLLM's CPU path rewinds a per-request
         # generator after a partial prefill, which the CPU generator does not support.
-        self.llm = LLM(model=model_path, dtype=dtype, enforce_eager=True,
-                       max_model_len=max_model_len, gpu_memory_utilization=memory_utilization,
-                       seed=seed, enable_chunked_prefill=False, use_tqdm_on_load=False,
-                       logprobs_mode=_ENGINE_LOGPROBS_MODE[self.logprobs_mode], **extra)
+        try:
+            self.llm = LLM(model=model_path, dtype=runtime.dtype, enforce_eager=True,
+                           max_model_len=runtime.max_model_len,
+                           gpu_memory_utilization=runtime.gpu_memory_utilization,
+                           seed=seed, enable_chunked_prefill=False, use_tqdm_on_load=False,
+                           logprobs_mode=_ENGINE_LOGPROBS_MODE[self.logprobs_mode], **extra)
+        except ValueError as exc:
+            if "KV cache" not in str(exc):
+                raise
+            raise BadInput(kv_cache_message(model_path, runtime, str(exc))) from None
         self.tokenizer = self.llm.get_tokenizer()
 
     def generate(self, prompts: Sequence[str | Sequence[int]], params: SamplingParams,

@@ -203,7 +203,7 @@ def compute(inp: SectionInput) -> BlindSpot:
         models = {}
         for s in inp.sets:
             inp.echo(f"[compare] blind spot: {s.name}")
-            models[s.name] = diagnose(blind_spot_backend(folders[s.name]), task, problems, s,
+            models[s.name] = diagnose(blind_spot_backend(folders[s.name], cfg), task, problems, s,
                                       cfg.blind_spot, cfg.sampling.max_tokens, cfg.metrics_seed)
     finally:
         task.close()

@@ -9,6 +9,7 @@ from es_llm.backends import BACKEND_NAMES
 from es_llm.config import check_choices, choice
 from es_llm.errors import BadInput
 from es_llm.evaluate import SamplingConfig
+from es_llm.runtime import Runtime
 from es_llm.tasks import TaskConfig
 from populations.numbers import is_finite_number
 
@@ -101,6 +102,11 @@ class CompareConfig:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     # Generation backend for the models sampled here: auto (vLLM when installed), hf or vllm.
     backend: str = choice("auto", lambda: BACKEND_NAMES)
+    # Device, dtype, context length and engine memory every model is sampled with.
+    runtime: Runtime = field(default_factory=Runtime)
+    # Compare models whose training runs used different runtime.dtype (each run folder's
+    # config.yaml says); refused by default, as precision alone moves the results.
+    mixed_precision: bool = False
     # Bootstrap resamples over problems for each 95% interval.
     bootstrap: int = 1000
     # Seed of the bootstrap resamples and of the diversity subsamples.

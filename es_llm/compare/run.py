@@ -8,6 +8,8 @@ import dataclasses
 from dataclasses import replace
 from pathlib import Path
 
+import yaml
+
 # Every section registers itself when its module is imported; these are all of them.
 from es_llm.compare import (blind_spot, budget, capability, core, difficulty,  # noqa: F401
                             runs, testtime)
@@ -16,7 +18,7 @@ from es_llm.compare.core import summary_table
 from es_llm.compare.samples import SETTING_KEYS, align, check_name, load_samples, samples_path
 from es_llm.compare.sampling import sample_model
 from es_llm.compare.section import CheckInput, SectionInput, Source, sections
-from es_llm.config import run_config_yaml, to_dict
+from es_llm.config import load_yaml_text, run_config_yaml, to_dict
 from es_llm.errors import BadInput
 from es_llm.io import write_json_atomic, write_text_atomic
 from es_llm.metrics.summary import json_safe
@@ -91,6 +93,33 @@ def _sources(cfg: CompareConfig, entries: list[tuple[str, str]]) -> tuple[tuple[
     return tuple(sources), loaded
 
 
+def training_dtype(run: Path) -> str:
+    """The precision a training run computed in: its config.yaml's ``runtime.dtype`` (runs
+    older than the runtime section: ES's top-level ``dtype``, else float32)."""
+    try:
+        saved = load_yaml_text((run / "config.yaml").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        saved = None
+    if not isinstance(saved, dict):
+        raise BadInput(f"the training run {run} has no readable config.yaml, so the precision "
+                       f"it trained at is unknown; compare its checkpoint as a copied model "
+                       f"folder or restore the file.")
+    runtime = saved.get("runtime") if isinstance(saved.get("runtime"), dict) else {}
+    return str(runtime.get("dtype") or saved.get("dtype") or "float32")
+
+
+def check_precisions(cfg: CompareConfig, sources: tuple[Source, ...]) -> None:
+    """BadInput when the compared training runs computed at different precisions, unless
+    ``mixed_precision`` allows it: precision alone moves accuracy and diversity."""
+    dtypes = {s.name: training_dtype(s.run) for s in sources if s.run is not None}
+    if len(set(dtypes.values())) > 1 and not cfg.mixed_precision:
+        raise BadInput(f"the compared runs trained at different precisions ("
+                       f"{', '.join(f'{n}: {d}' for n, d in dtypes.items())}, from each run's "
+                       f"runtime.dtype), so a difference between them may be the precision's. "
+                       f"Train them at one runtime.dtype, or set mixed_precision=true to "
+                       f"compare them anyway.")
+
+
 def check_inputs(cfg: CompareConfig, out: Path) -> tuple[tuple[Source, ...], dict, dict]:
     """Everything a comparison needs, checked before anything is sampled or written:
     ``(sources, {name: SampleSet}, {section name: what its check returned})``, the second
@@ -98,6 +127,7 @@ def check_inputs(cfg: CompareConfig, out: Path) -> tuple[tuple[Source, ...], dic
     entries = parse_models(cfg.models)
     check_out_path(out)
     sources, loaded = _sources(cfg, entries)
+    check_precisions(cfg, sources)
     inp = CheckInput(cfg, sources, loaded)
     return sources, loaded, {name: s.check(inp) for name, s in sections(cfg) if s.check}
 

@@ -30,13 +30,14 @@ def _same_eval(folder: Path, cfg: EvalConfig) -> bool:
         return False
     new = to_dict(resolve_task_config(cfg))  # evaluate() records the resolved data file
     return (folder / "samples.jsonl").is_file() and all(
-        old.get(k) == new.get(k) for k in ("model", "task", "sampling", "backend"))
+        old.get(k) == new.get(k) for k in ("model", "task", "sampling", "backend", "runtime"))
 
 
 def sample_model(name: str, model: Path, cfg: CompareConfig, folder: Path, progress: bool) -> Path:
     """Evaluate one model folder into ``folder`` (skipped when already there). vLLM engines
     share process-wide state, so each vLLM evaluation runs in its own process."""
     ev = EvalConfig(model=str(model), task=cfg.task, sampling=cfg.sampling, backend=cfg.backend,
+                    runtime=cfg.runtime,
                     bootstrap=cfg.bootstrap, metrics_seed=cfg.metrics_seed)
     if _same_eval(folder, ev):
         print(f"[compare] {name}: reusing {folder / 'samples.jsonl'}")
@@ -58,9 +59,9 @@ def sample_model(name: str, model: Path, cfg: CompareConfig, folder: Path, progr
     return folder
 
 
-def blind_spot_backend(folder: Path):
+def blind_spot_backend(folder: Path, cfg: CompareConfig):
     """The backend the blind spot grafts into: HF, whose forward pass takes hooks."""
-    return make_backend(BackendSpec(str(folder), backend="hf",
+    return make_backend(BackendSpec(str(folder), backend="hf", runtime=cfg.runtime,
                                     hf_only="the blind spot grafts through the forward hooks "
                                             "of the HF decoding loop"))
 

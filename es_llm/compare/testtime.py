@@ -26,7 +26,8 @@ def testtime_config(cfg: CompareConfig, model: Path, sources: tuple[Source, ...]
     data = cfg.task.data or str(Path(sources[0].path) / "data" / "countdown_eval.jsonl")
     return TestTimeConfig(model=str(model), task=replace(cfg.task, data=data),
                           methods=t.methods, budgets=t.budgets,
-                          backend="hf", seed=cfg.sampling.seed, bootstrap=cfg.bootstrap,
+                          backend="hf", runtime=cfg.runtime, seed=cfg.sampling.seed,
+                          bootstrap=cfg.bootstrap,
                           testtime=TestTimeSettings(temperature=cfg.sampling.temperature,
                                                     max_tokens=cfg.sampling.max_tokens))
 

@@ -9,6 +9,7 @@ from es_llm.backends import BACKEND_NAMES
 from es_llm.config import check_choices, choice
 from es_llm.errors import BadInput
 from es_llm.es.weights import PARAMETER_FILTERS
+from es_llm.runtime import Runtime
 from es_llm.tasks import TaskConfig
 from populations.es import ESConfig
 
@@ -68,10 +69,9 @@ class ESRunConfig:
     checksum_every: int = 5
     # Generation backend of the population: auto (vLLM when installed), hf or vllm.
     backend: str = choice("auto", lambda: BACKEND_NAMES)
-    # Device of the served model and of the fp32 master copy: cpu or cuda.
-    device: str = choice("cpu", lambda: ("cpu", "cuda"))
-    # Dtype of the served model (the master copy is always float32): float32, bfloat16, float16.
-    dtype: str = choice("float32", lambda: ("float32", "bfloat16", "float16"))
+    # Device, dtype (of the served population; the master copy is always float32), context
+    # and engine memory.
+    runtime: Runtime = field(default_factory=Runtime)
     # Under MPI: the longest a rank waits in an exchange for another rank (whose evaluation
     # of its members is part of the wait) before the job is ended, naming the silent rank.
     comm_timeout_s: float = 300.0

@@ -190,11 +190,11 @@ def step(edges: Edges, state: pes.ESState, problems: list[Problem], cfg: ESRunCo
     check("reward", "es/reward_mean", float(rewards_N_P.sum()), iteration > 0)
     state, es_metrics = pes.tell(cfg.es, state, rewards_N_P, groups_N_P)
     metrics = {f"es/{k}": v for k, v in es_metrics.items()}
-    check_es_update(metrics, state, cfg.dtype, iteration > 0)
+    check_es_update(metrics, state, cfg.runtime.dtype, iteration > 0)
     edges.weights.set_master(state.params)
-    if cfg.dtype != "float32":
+    if cfg.runtime.dtype != "float32":
         metrics["es/realised_cosine"] = pes.realised_cosine(before, state.params,
-                                                            getattr(torch, cfg.dtype))
+                                                            cfg.runtime.torch_dtype())
     metrics.update(pair_diagnostics(members, gathered))
     metrics["es/too_long"] = float(sum(g[4] for g in gathered.values()))
     # Greedy rollouts generated so far (every member on each of its prompts): the budget

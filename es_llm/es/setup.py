@@ -14,6 +14,7 @@ from es_llm.es.config import ESRunConfig
 from es_llm.es.engine import Edges
 from es_llm.es.weights import ModuleWeights, select_parameters
 from es_llm.models import check_model_path
+from es_llm.runtime import check_context
 from es_llm.tasks import build_task
 
 
@@ -30,17 +31,19 @@ def build_edges(cfg: ESRunConfig, comm) -> tuple[Edges, list]:
                        f"fit: the training data has only {len(problems)} problems; choose at "
                        f"most {len(problems)} (0 = the whole batch).")
     rows = cfg.engine.serve == "rows"
-    spec = BackendSpec(cfg.model, backend=cfg.backend, device=cfg.device, dtype=cfg.dtype,
-                       seed=cfg.seed, weights="es", batch_size=_batch_size(cfg, len(problems)),
+    spec = BackendSpec(cfg.model, backend=cfg.backend, runtime=cfg.runtime, seed=cfg.seed,
+                       weights="es", batch_size=_batch_size(cfg, len(problems)),
                        hf_only=("engine.serve=rows runs the population inside the HF decoding "
                                 "loop of a causal LM (use engine.serve=weights)" if rows else None))
     chosen = spec.choice()
-    check_device(cfg.device)
-    place_rank(comm.local_rank, comm.local_size, cfg.device, cfg.bind_cores)
+    check_device(cfg.runtime.device)
+    place_rank(comm.local_rank, comm.local_size, cfg.runtime.device, cfg.bind_cores)
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)
+    check_context(cfg.model, tokenizer, [p.prompt for p in problems], cfg.max_tokens,
+                  cfg.runtime)
     auto_class = AutoModelForMaskedLM if chosen == "diffusion" else AutoModelForCausalLM
-    model = auto_class.from_pretrained(cfg.model, dtype=getattr(torch, cfg.dtype))
-    model.to(cfg.device)
+    model = auto_class.from_pretrained(cfg.model, **cfg.runtime.load_kwargs())
+    model.to(cfg.runtime.device)
     names = select_parameters(model, cfg.engine.params, cfg.engine.param_pattern)
     if cfg.es.kind == "lowrank":
         check_lowrank_rank(model, names, cfg.es.rank)

@@ -152,8 +152,10 @@ class HFScorer:
             for i, r in enumerate(rows):
                 ids_B_L[i, :len(r)] = torch.tensor(r)
                 mask_B_L[i, :len(r)] = 1
-            logp_B_L_V = torch.log_softmax(
-                self.model(input_ids=ids_B_L, attention_mask=mask_B_L).logits.float(), -1)
+            device = next(self.model.parameters()).device
+            logp_B_L_V = torch.log_softmax(self.model(
+                input_ids=ids_B_L.to(device),
+                attention_mask=mask_B_L.to(device)).logits.float(), -1).cpu()
             for i, (a, b) in enumerate(zip(ctx, cont)):
                 # Token at position p is predicted by the logits at p - 1.
                 pos = torch.arange(len(a), len(a) + len(b))

@@ -23,6 +23,7 @@ from es_llm.io import write_json_atomic, write_jsonl_atomic, write_text_atomic
 from es_llm.metrics.passk import bootstrap_ci
 from es_llm.models import check_model_path
 from es_llm.run_folder import check_out_path
+from es_llm.runtime import Runtime
 from es_llm.tasks import TaskConfig, build_task
 # Importing these modules registers their methods.
 from es_llm.testtime import protocols, selection, ttel  # noqa: F401
@@ -52,6 +53,8 @@ class TestTimeConfig:
     # Generation backend: hf (the default: the model also scores tokens for ttel), auto
     # (vLLM when installed) or vllm.
     backend: str = choice("hf", lambda: BACKEND_NAMES)
+    # Device, dtype, context length and engine memory of the model.
+    runtime: Runtime = field(default_factory=Runtime)
     # Seed of the sampler, of the methods' own random choices and of the bootstrap.
     seed: int = 0
     # Bootstrap resamples over problems for the 95% intervals.
@@ -213,11 +216,17 @@ def testtime(cfg: TestTimeConfig, out: str | Path, progress: bool = True, echo=p
     check_roles(cfg.model, {m: METHODS.get(m).roles for m in cfg.methods})
     task, problems, calibration = _problems(cfg)
     t_start = time.perf_counter()
-    backend = make_backend(BackendSpec(cfg.model, backend=cfg.backend, seed=cfg.seed))
+    backend = make_backend(BackendSpec(cfg.model, backend=cfg.backend, runtime=cfg.runtime,
+                                       seed=cfg.seed))
     scorer = None
     if any(METHODS.get(m).needs_scorer for m in cfg.methods):
-        scorer = (HFScorer(cfg.model, model=backend.model, tokenizer=backend.tokenizer)
-                  if backend.name == "hf" else HFScorer(cfg.model))
+        if backend.name == "hf":
+            scorer = HFScorer(cfg.model, model=backend.model, tokenizer=backend.tokenizer)
+        else:
+            from transformers import AutoModelForCausalLM
+
+            scorer = HFScorer(cfg.model, model=AutoModelForCausalLM.from_pretrained(
+                cfg.model, **cfg.runtime.load_kwargs()).to(cfg.runtime.device))
     echo(f"test-time methods {', '.join(cfg.methods)} at budgets "
          f"{', '.join(map(str, cfg.budgets))} on {len(problems)} problems, backend "
          f"{backend.name}")

@@ -52,6 +52,7 @@ from es_llm.models import check_model_path, resolve_training_data
 from es_llm.report import (Heading, Paragraph, Table, fixed, interval, pct, signed,
                            write_report)
 from es_llm.run_folder import check_out_path
+from es_llm.runtime import Runtime
 from es_llm.tasks import TaskConfig, build_task
 from es_llm.testbed.train import record
 from gradient.loop.seeds import derive_seed
@@ -108,8 +109,9 @@ class LatentReviseConfig:
     # Sampler of the search, continuations and resamples: auto (vLLM when installed), hf or
     # vllm; the revision itself always runs in transformers.
     backend: str = choice("auto", lambda: BACKEND_NAMES)
-    # Device of the revision's forward and backward passes: cpu or cuda.
-    device: str = choice("cpu", lambda: ("cpu", "cuda"))
+    # Device and precision of the revision and the samplers: the model stays float32 and
+    # the revision's passes and the HF sampler compute in runtime.dtype under autocast.
+    runtime: Runtime = field(default_factory=Runtime)
     # Bootstrap resamples over zero-hit prompts for the 95% intervals.
     bootstrap: int = 1000
     # The search's samples per prompt (k: a prompt none of them solves is zero-hit), their
@@ -175,7 +177,7 @@ def _check(cfg: LatentReviseConfig):
     if cfg.revise.cut == "first_wrong" and cfg.task.name != "countdown":
         raise BadInput(f"revise.cut=first_wrong reads Countdown steps; task {cfg.task.name!r} "
                        f"needs revise.cut=fraction.")
-    check_device(cfg.device)
+    check_device(cfg.runtime.device)
     choose_backend(cfg.backend, cfg.model)
     cfg = resolve_training_data(cfg)
     task = build_task(cfg.task)
@@ -190,7 +192,8 @@ def _check(cfg: LatentReviseConfig):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)
-    model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32).to(cfg.device)
+    model = AutoModelForCausalLM.from_pretrained(
+        cfg.model, dtype=torch.float32, **cfg.runtime.attention_kwargs()).to(cfg.runtime.device)
     embed = model.get_input_embeddings()
     if not isinstance(embed, torch.nn.Embedding) or embed.weight.shape[0] < len(tokenizer):
         task.close()
@@ -201,7 +204,7 @@ def _check(cfg: LatentReviseConfig):
 
 
 def _sampler(cfg: LatentReviseConfig, model, tokenizer):
-    return make_backend(BackendSpec(cfg.model, backend=cfg.backend, device=cfg.device,
+    return make_backend(BackendSpec(cfg.model, backend=cfg.backend, runtime=cfg.runtime,
                                     seed=cfg.search.seed, model=model, tokenizer=tokenizer))
 
 
@@ -237,19 +240,22 @@ def latent_revise(cfg: LatentReviseConfig, out: str | Path, progress: bool = Tru
     sampler = _sampler(cfg, model, tokenizer)
     s = cfg.search
     try:
-        t0 = time.perf_counter()
-        params = _params(s, s.n, "search")
-        outs = sampler.generate([p.prompt for p in problems], params, progress=progress,
-                                keys=[p.id for p in problems])
-        scores = task.score_many([(p, c.text) for p, row in zip(problems, outs) for c in row])
-        correct = np.array([sc.correct for sc in scores]).reshape(len(problems), s.n)
-        zero = [i for i in range(len(problems)) if not correct[i].any()]
-        echo(f"{len(zero)} of {len(problems)} prompts are zero-hit in {s.n} samples")
-        search_s = time.perf_counter() - t0
-        attempts, lr_cost, lr_s = _revise_all(cfg, task, problems, outs, zero, model, tokenizer,
-                                              sampler, progress)
-        resampled, rs_cost, rs_s = _resample(cfg, task, problems, outs, zero, lr_cost, tokenizer,
-                                             sampler)
+        # Float32 weights; the revision's passes and the HF sampler compute in runtime.dtype.
+        with cfg.runtime.autocast():
+            t0 = time.perf_counter()
+            params = _params(s, s.n, "search")
+            outs = sampler.generate([p.prompt for p in problems], params, progress=progress,
+                                    keys=[p.id for p in problems])
+            scores = task.score_many([(p, c.text) for p, row in zip(problems, outs)
+                                      for c in row])
+            correct = np.array([sc.correct for sc in scores]).reshape(len(problems), s.n)
+            zero = [i for i in range(len(problems)) if not correct[i].any()]
+            echo(f"{len(zero)} of {len(problems)} prompts are zero-hit in {s.n} samples")
+            search_s = time.perf_counter() - t0
+            attempts, lr_cost, lr_s = _revise_all(cfg, task, problems, outs, zero, model,
+                                                  tokenizer, sampler, progress)
+            resampled, rs_cost, rs_s = _resample(cfg, task, problems, outs, zero, lr_cost,
+                                                 tokenizer, sampler)
     finally:
         sampler.close()
         task.close()
@@ -277,7 +283,8 @@ def _revise_all(cfg, task, problems, outs, zero, model, tokenizer, sampler, prog
     passes, and the seconds."""
     r, s = cfg.revise, cfg.search
     t0 = time.perf_counter()
-    allowed = _allowed(tokenizer, model.get_input_embeddings().weight.shape[0], cfg.device)
+    allowed = _allowed(tokenizer, model.get_input_embeddings().weight.shape[0],
+                       cfg.runtime.device)
     attempts, cost = [], {i: 0 for i in zero}
     for i in tqdm(zero, desc="revise", unit="prompt", disable=not progress):
         p = problems[i]

@@ -129,8 +129,9 @@ def teacher_solve_rates(edges, problems: list, cfg, step: int, memo: dict) -> No
         return
     r = cfg.algo.distill.rstg
     # The teacher already loaded for scoring, sampled in the HF decoding loop.
-    backend = make_backend(BackendSpec(cfg.algo.distill.teacher, backend="hf", device=cfg.device,
-                                       model=edges.teachers["teacher"], tokenizer=edges.tokenizer))
+    backend = make_backend(BackendSpec(cfg.algo.distill.teacher, backend="hf",
+                                       runtime=cfg.runtime, model=edges.teachers["teacher"],
+                                       tokenizer=edges.tokenizer))
     params = SamplingParams(n=r.teacher_samples, temperature=cfg.rollout.temperature,
                             top_p=cfg.rollout.top_p, max_tokens=cfg.rollout.max_tokens,
                             seed=derive_seed(cfg.seed, "rstg-teacher", step))

@@ -13,10 +13,12 @@ from es_llm.backends.diffusion import is_diffusion_model, saved_sampling
 from es_llm.errors import BadInput
 from es_llm.finite import check_start
 from es_llm.models import check_model_path
+from es_llm.runtime import check_context
 from es_llm.tasks import build_task
 from gradient.config import GRPORunConfig
 from gradient.distill.methods import method_spec
 from gradient.loop.batch import Rollout
+from gradient.loop.precision import Precision, load_policy
 from gradient.loop.state import Edges, TrainerState
 from gradient.maths.adaprefix import PrefixState
 from gradient.maths.replay import AdvantageReplayBuffer
@@ -77,8 +79,8 @@ def _distill_models(cfg: GRPORunConfig, tokenizer, problems: list, model_class) 
         _check_same_tokenizer(tokenizer, AutoTokenizer.from_pretrained(path),
                               f"the {role} model {path!r}" if role != "teacher"
                               else f"the teacher {path!r}")
-        model = model_class.from_pretrained(path, dtype=torch.float32)
-        models[role] = model.to(cfg.device).requires_grad_(False)
+        model = model_class.from_pretrained(path, **cfg.runtime.load_kwargs())
+        models[role] = model.to(cfg.runtime.device).requires_grad_(False)
     return models
 
 
@@ -160,7 +162,7 @@ def policy_sampler(cfg: GRPORunConfig, start: str, model, tokenizer, diffusion: 
     model's saved settings, one micro-batch per call), or a vLLM engine loaded from
     ``start`` that the trainer pushes the policy into after each update. Log-probs are the
     sampler's processed ones, those an importance ratio at the rollout temperature needs."""
-    return BackendSpec(start, backend=cfg.backend, device=cfg.device, seed=cfg.seed,
+    return BackendSpec(start, backend=cfg.backend, runtime=cfg.runtime, seed=cfg.seed,
                        model=model, tokenizer=tokenizer, weights="pushed",
                        logprobs_mode="processed",
                        batch_size=cfg.micro_batch if diffusion else None,
@@ -176,7 +178,7 @@ def build(cfg: GRPORunConfig, resume_from: Path | None = None):
     check_model_path(cfg.model)
     diffusion = _check_estimator(cfg)
     model_class = AutoModelForMaskedLM if diffusion else AutoModelForCausalLM
-    check_device(cfg.device)
+    check_device(cfg.runtime.device)
     task = build_task(cfg.task)
     problems = task.problems()
     if not problems:
@@ -186,7 +188,10 @@ def build(cfg: GRPORunConfig, resume_from: Path | None = None):
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     start = str(resume_from) if resume_from is not None else cfg.model
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)
-    model = model_class.from_pretrained(start, dtype=torch.float32).to(cfg.device)
+    if not diffusion:
+        check_context(cfg.model, tokenizer, [p.prompt for p in problems], cfg.rollout.max_tokens,
+                      cfg.runtime, where="rollout.max_tokens")
+    model = load_policy(model_class, start, cfg.runtime)
     check_start(model.named_parameters(), start)
     ref = None
     if cfg.algo.kl.coef > 0:
@@ -194,19 +199,22 @@ def build(cfg: GRPORunConfig, resume_from: Path | None = None):
         check_model_path(ref_path, "the reference model")
         _check_same_tokenizer(tokenizer, AutoTokenizer.from_pretrained(ref_path),
                               f"the reference model {ref_path!r}")
-        ref = model_class.from_pretrained(ref_path, dtype=torch.float32).to(cfg.device)
+        ref = model_class.from_pretrained(ref_path, **cfg.runtime.load_kwargs())
+        ref = ref.to(cfg.runtime.device)
         ref.requires_grad_(False)
     teachers = _distill_models(cfg, tokenizer, problems, model_class)
     optimizer = cfg.optim.adamw(model.parameters())
     state = TrainerState()
+    precision = Precision(cfg.runtime)
     if cfg.algo.prefix.enabled:
         state.prefix = PrefixState()
     if cfg.algo.replay.enabled:
         state.replay = AdvantageReplayBuffer(cfg.algo.replay)
     if resume_from is not None:
-        saved = torch.load(resume_from / "trainer_state.pt", map_location=cfg.device,
+        saved = torch.load(resume_from / "trainer_state.pt", map_location=cfg.runtime.device,
                            weights_only=False)
         optimizer.load_state_dict(saved["optimizer"])
+        precision.load_state_dict(saved.get("loss_scale"))
         state.step, state.samples = saved["step"], saved["samples"]
         if state.prefix is not None and saved["prefix"] is not None:
             state.prefix = PrefixState.from_dict(saved["prefix"])
@@ -223,5 +231,5 @@ def build(cfg: GRPORunConfig, resume_from: Path | None = None):
     edges = Edges(model=model, tokenizer=tokenizer, backend=backend, task=task,
                   optimizer=optimizer, ref_model=ref, sync=sync, teachers=teachers,
                   block_length=backend.sampling.block_length if diffusion else 1,
-                  recovered=recovered)
+                  recovered=recovered, precision=precision)
     return edges, problems, state

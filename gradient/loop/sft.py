@@ -21,14 +21,16 @@ from tqdm.auto import tqdm
 
 from es_llm.backends import check_device
 from es_llm.backends.diffusion import is_diffusion_model
-from es_llm.config import choice, check_choices, run_config_yaml
+from es_llm.config import check_choices, run_config_yaml
 from es_llm.errors import BadInput
 from es_llm.finite import Diverged, check, check_start, check_update, stop_error
 from es_llm.io import jsonl_lines, save_hf_checkpoint, write_text_atomic
 from es_llm.models import check_model_path
 from es_llm.run_folder import AppendLog, written
+from es_llm.runtime import Runtime
 from es_llm.testbed.train import completion_batch
 from gradient.config import OptimSettings
+from gradient.loop.precision import Precision, load_policy
 from gradient.loop.seeds import derive_seed
 
 
@@ -45,8 +47,9 @@ class SFTRunConfig:
     batch_size: int = 16
     # Seed of the per-epoch shuffles.
     seed: int = 0
-    # Device: cpu or cuda.
-    device: str = choice("cpu", lambda: ("cpu", "cuda"))
+    # Device, precision (float32 master weights and optimizer state, compute in
+    # runtime.dtype) and gradient checkpointing.
+    runtime: Runtime = field(default_factory=Runtime)
     optim: OptimSettings = field(default_factory=lambda: OptimSettings(lr=1e-4))
 
     def __post_init__(self):
@@ -79,26 +82,29 @@ def steps_of(cfg: SFTRunConfig, rows: int) -> int:
     return cfg.epochs * math.ceil(rows / cfg.batch_size)
 
 
-def sft_step(model, tokenizer, optimizer, cfg: SFTRunConfig, batch: list[tuple[str, str]],
-             head: dict) -> dict:
+def sft_step(model, tokenizer, optimizer, precision: Precision, cfg: SFTRunConfig,
+             batch: list[tuple[str, str]], head: dict) -> dict:
     """One optimizer step on ``batch``; its metrics after ``head`` (step and epoch). Raises
     ``Diverged`` at a non-finite loss, gradient norm or update."""
     t0 = time.perf_counter()
     ids, labels = completion_batch(batch, tokenizer)
     cfg.optim.set_lr(optimizer, head["step"])
-    ids, labels = ids.to(cfg.device), labels.to(cfg.device)
+    ids, labels = ids.to(cfg.runtime.device), labels.to(cfg.runtime.device)
     metrics = {**head, "rows": ids.shape[0], "tokens": int((labels != -100).sum())}
     moved = bool(optimizer.state)  # AdamW keeps state once it has stepped (or was resumed)
-    loss = model(input_ids=ids, attention_mask=(ids != tokenizer.pad_token_id).long(),
-                 labels=labels).loss
+    with precision.compute():
+        loss = model(input_ids=ids, attention_mask=(ids != tokenizer.pad_token_id).long(),
+                     labels=labels).loss
     check("loss", "loss", float(loss), moved, metrics)
     metrics["loss"] = float(loss)
     optimizer.zero_grad(set_to_none=True)
-    loss.backward()
+    precision.backward(loss)
+    precision.unscale(optimizer)
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip or float("inf"))
-    check("gradient norm", "grad_norm", float(norm), moved, metrics)
+    if not precision.overflowed(float(norm)):
+        check("gradient norm", "grad_norm", float(norm), moved, metrics)
     metrics["grad_norm"] = float(norm)
-    optimizer.step()
+    metrics.update(precision.step(optimizer))
     check_update(model.parameters(), "update", metrics)
     return {**metrics, "perf/step_s": time.perf_counter() - t0}
 
@@ -110,10 +116,11 @@ def run_sft(cfg: SFTRunConfig, out: Path, progress: bool = True) -> dict:
     check_model_path(cfg.model)
     if is_diffusion_model(cfg.model):
         raise BadInput(f"{cfg.model} is a masked-diffusion model; es-llm sft trains causal LMs.")
-    check_device(cfg.device)
+    check_device(cfg.runtime.device)
     rows = read_rows(cfg.data, cfg.limit)
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)
-    model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32).to(cfg.device)
+    model = load_policy(AutoModelForCausalLM, cfg.model, cfg.runtime)
+    precision = Precision(cfg.runtime)
     check_start(model.named_parameters(), cfg.model)
     optimizer = cfg.optim.adamw(model.parameters())
     again = "es-llm sft --config ... (a new --out)"
@@ -130,7 +137,7 @@ def run_sft(cfg: SFTRunConfig, out: Path, progress: bool = True) -> dict:
             order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(
                 derive_seed(cfg.seed, "sft", epoch))).tolist()
             for start in range(0, len(rows), cfg.batch_size):
-                metrics = sft_step(model, tokenizer, optimizer, cfg,
+                metrics = sft_step(model, tokenizer, optimizer, precision, cfg,
                                    [rows[i] for i in order[start:start + cfg.batch_size]],
                                    {"step": step, "epoch": epoch})
                 log.write_row(metrics)

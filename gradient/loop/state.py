@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from es_llm.runtime import Runtime
+from gradient.loop.precision import Precision
 from gradient.maths.adaprefix import PrefixState
 from gradient.maths.replay import AdvantageReplayBuffer
 
@@ -33,6 +35,9 @@ class Edges:
     # LatentRevise's recovered trajectories by problem id: (prompt ids, completion ids with
     # EOS, reward), verified at set-up; empty without algo.recovered.data.
     recovered: dict = field(default_factory=dict)
+    # Mixed precision: the autocast of the forward passes and float16's loss scale (float32
+    # throughout by default).
+    precision: Precision = field(default_factory=lambda: Precision(Runtime()))
 
 
 @dataclass

@@ -59,6 +59,16 @@ def _micro_loss(edges: Edges, batch: RolloutBatch, cfg: GRPORunConfig, tokens: f
     of the plan aggregated, gated terms multiplied by the drift gate first, then summed."""
     steps = steps or plan(cfg, edges)
     view = epoch if len(views(cfg)) > 1 else 0
+    with edges.precision.compute():
+        total, stats = _micro_terms(edges, batch, cfg, tokens, seqs, view, steps)
+    check("loss", "grad/loss", stats["grad/loss"], bool(edges.optimizer.state), stats)
+    edges.precision.backward(total)
+    return stats
+
+
+def _micro_terms(edges: Edges, batch: RolloutBatch, cfg: GRPORunConfig, tokens: float,
+                 seqs: float, view: int, steps: Plan):
+    """The micro-batch's forward pass: its total loss and metrics."""
     e = policy_estimate(edges, edges.model, batch, cfg, view, full=steps.full)
     padded = batch.padded(e.mask_B_T, view)
     inp = TermInput(edges=edges, cfg=cfg, batch=batch, padded=padded, logp_B_T=e.logp_B_T,
@@ -85,9 +95,7 @@ def _micro_loss(edges: Edges, batch: RolloutBatch, cfg: GRPORunConfig, tokens: f
         elif out.coef:
             total = total + out.coef * value
     stats["grad/loss"] = float(total.detach())
-    check("loss", "grad/loss", stats["grad/loss"], bool(edges.optimizer.state), stats)
-    total.backward()
-    return stats
+    return total, stats
 
 
 def policy_update(edges: Edges, batch: RolloutBatch, cfg: GRPORunConfig, step: int,
@@ -114,10 +122,12 @@ def policy_update(edges: Edges, batch: RolloutBatch, cfg: GRPORunConfig, step: i
                 for k, v in part.items():
                     acc[k] = acc.get(k, 0.0) + v
             params = [p for p in edges.model.parameters() if p.grad is not None]
+            edges.precision.unscale(edges.optimizer)
             norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip or float("inf"))
-            check("gradient norm", "grad/grad_norm", float(norm), bool(edges.optimizer.state),
-                  acc)
-            edges.optimizer.step()
+            if not edges.precision.overflowed(float(norm)):
+                check("gradient norm", "grad/grad_norm", float(norm),
+                      bool(edges.optimizer.state), acc)
+            acc.update({f"grad/{k}": v for k, v in edges.precision.step(edges.optimizer).items()})
             check_update(params, "grad/update", acc)
             acc["grad/grad_norm"] = float(norm)
             for k, v in acc.items():
@@ -133,8 +143,9 @@ def step(edges: Edges, cfg: GRPORunConfig, state: TrainerState, problems: list,
     t0 = time.perf_counter()
     prefix_cfg = cfg.algo.prefix if cfg.algo.prefix.enabled else None
     try:
-        groups, state.prefix, metrics = collect(edges, problems, cfg, state.step,
-                                                state.prefix, prefix_cfg)
+        with edges.precision.compute():
+            groups, state.prefix, metrics = collect(edges, problems, cfg, state.step,
+                                                    state.prefix, prefix_cfg)
     except NonFinite:
         # The sampler met NaN or inf next-token logits: the policy has left the numbers.
         raise Diverged("next-token logits", "rollout/logits", math.nan,
@@ -143,7 +154,8 @@ def step(edges: Edges, cfg: GRPORunConfig, state: TrainerState, problems: list,
     t_gen = time.perf_counter() - t0
     batch = (RolloutBatch.from_groups(groups, cfg.seed, state.step) if groups.problems
              else RolloutBatch())
-    batch, birth_metrics = run_birth(steps.birth, StageInput(edges, cfg, state), batch)
+    with edges.precision.compute():
+        batch, birth_metrics = run_birth(steps.birth, StageInput(edges, cfg, state), batch)
     metrics.update(birth_metrics)
     t1 = time.perf_counter()
     if len(batch):
@@ -169,6 +181,7 @@ def save(edges: Edges, cfg: GRPORunConfig, state: TrainerState, folder: Path,
     def extra(tmp: Path) -> None:
         torch.save({"step": state.step, "samples": state.samples,
                     "optimizer": edges.optimizer.state_dict(),
+                    "loss_scale": edges.precision.state_dict(),
                     "prefix": state.prefix.to_dict() if state.prefix is not None else None,
                     "replay": state.replay.state_dict() if state.replay is not None else None},
                    tmp / "trainer_state.pt")
