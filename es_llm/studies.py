@@ -14,6 +14,7 @@ from es_llm.compare.config import BudgetConfig
 from es_llm.config import check_choices, choice
 from es_llm.errors import BadInput
 from es_llm.evaluate import SamplingConfig
+from es_llm.runtime import Runtime
 from es_llm.tasks import task_names
 from es_llm.testbed.config import ModelShape
 from es_llm.testbed.scaling import DOMAINS
@@ -31,8 +32,9 @@ class Method:
     # ({out} stands for the experiment folder).
     config: str = ""
     overrides: tuple[str, ...] = ()
-    # The starting model: a folder inside the testbed ("" = the base model itself, e.g. swa
-    # for the sliding-window conversion that testbed_overrides swa.enabled=true builds).
+    # The starting model: a folder inside the base model's folder ("" = the base model
+    # itself, e.g. swa for the sliding-window conversion that testbed_overrides
+    # swa.enabled=true builds).
     model: str = ""
     # Accuracy against budget beyond the head-to-head: a copy of each finished run of these
     # seeds is continued to `extend` times budget_samples (runs/<name>-seed<k>-x<extend>,
@@ -67,6 +69,20 @@ def _default_methods() -> dict[str, Method]:
 
 @dataclass(frozen=True)
 class ExperimentConfig:
+    # The base model every method starts from: a model folder of your own, or "" to build
+    # the testbed preset below (then the base is OUT/testbed).
+    model: str = ""
+    # Training problems of every method (its task.data); null = each method config's own.
+    train_data: str | None = None
+    # Problems the comparison reads every model on, and which of the file's rows (a slice
+    # as task.select, e.g. -2000: for the last 2,000); null = the base model's held-out
+    # data/<task>_eval.jsonl (a testbed build ships one; a model of your own needs this).
+    eval_data: str | None = None
+    eval_select: str | None = None
+    # Device, dtype, context and engine memory of every training run and of the comparison,
+    # set here once so all models are trained and read alike (values other than the defaults
+    # override each method's config).
+    runtime: Runtime = field(default_factory=Runtime)
     # Testbed preset (ci or default) and its overrides.
     testbed: str = "default"
     testbed_overrides: tuple[str, ...] = ("teachers.enabled=false", "diffusion.enabled=false")
@@ -154,6 +170,10 @@ class ExperimentConfig:
         if any(not t > 0 for t in self.temperatures):
             raise BadInput(f"temperatures must be above 0 (the comparison reads every model "
                            f"greedily whenever they are set), got {list(self.temperatures)}.")
+        if self.model and self.never_seen_per_tier:
+            raise BadInput("never_seen_per_tier draws problems the testbed never trained on; "
+                           "with a model of your own (model=PATH) set it to 0 and give the "
+                           "problems to read as eval_data.")
         if self.never_seen_per_tier < 0:
             raise BadInput(f"never_seen_per_tier must be 0 (no never-seen set) or a number of "
                            f"problems per tier, got {self.never_seen_per_tier}.")

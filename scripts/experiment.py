@@ -6,6 +6,10 @@ seconds.
 
     python scripts/experiment.py --config configs/experiment_countdown.yaml --out runs/main
 
+On a model of your own, ``model=PATH eval_data=FILE`` replaces the testbed (every method
+starts from PATH and the comparison reads FILE), and ``runtime.*`` sets the device and
+precision of every stage at once (configs/recipes/experiment_countdown_paper.yaml).
+
 The same command runs the studies built on other starting points or data: a method may start
 from a folder inside the testbed (``model: swa``, SWARR's converted model), SFT runs
 (``kind: sft``) sit beside the RL runs, ``latent_revise`` writes LatentRevise's recovered
@@ -35,6 +39,7 @@ from es_llm.es.config import ESRunConfig
 from es_llm.io import complete_jsonl_rows, write_text_atomic
 from es_llm.models import resolve_training_data
 from es_llm.run_folder import check_out_path
+from es_llm.runtime import Runtime
 from es_llm.stage_runner import Runner, es_llm_command, finished
 from es_llm.studies import ExperimentConfig, Method
 from es_llm.testbed.config import MODEL_TASKS, load_testbed_config
@@ -67,7 +72,8 @@ def plan(cfg: ExperimentConfig) -> dict[str, int | None]:
 
     # Every config a later stage loads is loaded here first, so a bad setting stops the
     # experiment before hours of training ({out} is a path only at run time).
-    load_testbed_config(cfg.testbed, None, list(cfg.testbed_overrides))
+    if not cfg.model:
+        load_testbed_config(cfg.testbed, None, list(cfg.testbed_overrides))
     if cfg.latent_revise.enabled:
         load_config(LatentReviseConfig, path=ROOT / cfg.latent_revise.config,
                     overrides=_with_out(cfg.latent_revise.overrides, "."))
@@ -79,10 +85,12 @@ def plan(cfg: ExperimentConfig) -> dict[str, int | None]:
             steps[name] = None
             continue
         if m.kind == "es":
-            run = load_config(ESRunConfig, path=ROOT / m.config, overrides=list(m.overrides))
+            run = load_config(ESRunConfig, path=ROOT / m.config,
+                              overrides=[*m.overrides, *runtime_overrides(cfg)])
             per_step = run.samples_per_iteration()
         else:
-            run = load_config(GRPORunConfig, path=ROOT / m.config, overrides=list(m.overrides))
+            run = load_config(GRPORunConfig, path=ROOT / m.config,
+                              overrides=[*m.overrides, *runtime_overrides(cfg)])
             per_step = run.rollout.prompts_per_step * run.rollout.group_size
         steps[name] = _steps(cfg.budget_samples, per_step, name)
     return steps
@@ -121,11 +129,26 @@ def _with_out(overrides, out: Path | str) -> list[str]:
     return [o.replace(OUT_MARK, str(out)) for o in overrides]
 
 
+def runtime_overrides(cfg: ExperimentConfig) -> list[str]:
+    """The experiment's ``runtime`` settings that differ from the defaults, as overrides of
+    every stage: set once, they win over each method's config."""
+    default = to_dict(Runtime())
+    return [f"runtime.{k}={'null' if v is None else v}" for k, v in to_dict(cfg.runtime).items()
+            if v != default[k]]
+
+
+def base_model(cfg: ExperimentConfig, out: Path) -> Path:
+    """The folder every method starts from: the user's model, else the testbed built in
+    OUT/testbed."""
+    return Path(cfg.model) if cfg.model else out / "testbed"
+
+
 def run_overrides(method: Method, seed: int, steps: int | None, model: Path,
-                  out: Path) -> list[str]:
+                  out: Path, cfg: ExperimentConfig) -> list[str]:
     """The overrides a new run of one seed of ``method`` gets beside its config file."""
-    return [f"model={model}", f"seed={seed}", *_length(method, steps),
-            *_with_out(method.overrides, out)]
+    data = [f"task.data={cfg.train_data}"] if cfg.train_data and method.kind != "sft" else []
+    return [f"model={model}", f"seed={seed}", *_length(method, steps), *data,
+            *_with_out(method.overrides, out), *runtime_overrides(cfg)]
 
 
 def training_command(method: Method, cfg: ExperimentConfig, seed: int, steps: int | None,
@@ -141,7 +164,7 @@ def training_command(method: Method, cfg: ExperimentConfig, seed: int, steps: in
                                        *_length(method, steps)]
     return _es_llm(method, cfg) + ["--config", str(ROOT / method.config), "--out", str(run),
                                    "--no-progress",
-                                   *run_overrides(method, seed, steps, model, out)]
+                                   *run_overrides(method, seed, steps, model, out, cfg)]
 
 
 def extension_command(method: Method, cfg: ExperimentConfig, steps: int, run: Path,
@@ -173,7 +196,8 @@ def _extension_folder(out: Path, name: str, seed: int, method: Method) -> Path:
 
 def _recover_overrides(cfg: ExperimentConfig, testbed: Path, out: Path) -> list[str]:
     """The overrides of the latent-revise stage beside its config file."""
-    return [f"model={testbed}", *_with_out(cfg.latent_revise.overrides, out)]
+    return [f"model={testbed}", *_with_out(cfg.latent_revise.overrides, out),
+            *runtime_overrides(cfg)]
 
 
 def resolved_run_config(method: Method, overrides: list[str]):
@@ -274,9 +298,10 @@ def check_kept_outputs(cfg: ExperimentConfig, out: Path, steps: dict[str, int | 
     its stage would resolve the config now."""
     from gradient.commands.recovery import LatentReviseConfig
 
-    testbed = out / "testbed"
+    testbed = base_model(cfg, out)
     recover = out / "recover"
-    _check_kept_testbed(cfg, out)
+    if not cfg.model:
+        _check_kept_testbed(cfg, out)
     if (cfg.latent_revise.enabled and (recover / "metrics.json").is_file()
             and (recover / "config.yaml").is_file()):
         want = resolve_training_data(load_config(
@@ -285,7 +310,8 @@ def check_kept_outputs(cfg: ExperimentConfig, out: Path, steps: dict[str, int | 
         refuse_changed("LatentRevise's recovered data", recover, want, ())
     for name, method in cfg.methods.items():
         for seed in cfg.seeds:
-            overrides = run_overrides(method, seed, steps[name], testbed / method.model, out)
+            overrides = run_overrides(method, seed, steps[name], testbed / method.model, out,
+                                      cfg)
             _check_kept_run(f"method {name}'s seed-{seed} run", method,
                             _run_folder(out, name, seed), overrides, steps[name])
             if method.extend > 1 and seed in method.extend_seeds:
@@ -307,6 +333,11 @@ def compare_command(cfg: ExperimentConfig, out: Path, models: list[str], budget_
         "--no-progress"]
     if cfg.eval_limit is not None:
         cmd += ["--limit", str(cfg.eval_limit)]
+    if cfg.eval_data is not None:
+        cmd += ["--data", cfg.eval_data]
+    if cfg.eval_select is not None:
+        cmd += [f"task.select={cfg.eval_select}"]
+    cmd += runtime_overrides(cfg)
     if cfg.temperatures:
         cmd += ["--temperatures", *map(str, cfg.temperatures)]
     if cfg.temperatures or never_seen:
@@ -326,8 +357,8 @@ def run(cfg: ExperimentConfig, out: Path) -> None:
     check_kept_outputs(cfg, out, steps)
     write_text_atomic(out / "experiment.yaml", dump_yaml(cfg))
     runner = Runner(out, "experiment")
-    testbed = out / "testbed"
-    if not same_testbed(testbed, cfg):
+    testbed = base_model(cfg, out)
+    if not cfg.model and not same_testbed(testbed, cfg):
         runner(es_llm_command("testbed") + ["--size", cfg.testbed, "--out", str(testbed),
                                             "--no-progress", *cfg.testbed_overrides])
     models = [f"base={testbed}"] + [f"{name}={testbed / sub}"
@@ -373,7 +404,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True, metavar="FILE.yaml",
                         help="experiment YAML (configs/experiment_countdown.yaml or its _ci "
                              "variant)")
-    parser.add_argument("--out", required=True, metavar="DIR",
+    parser.add_argument("--print-config", action="store_true",
+                        help="print the resolved experiment config as YAML and exit")
+    parser.add_argument("--out", metavar="DIR",
                         help="experiment folder: testbed/, runs/<method>-seed<k>[-x<extend>]/, "
                              "compare/ (report.md, report.html, comparison.json), commands.txt")
     parser.add_argument("overrides", nargs="*", metavar="key=value",
@@ -382,6 +415,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         cfg = load_config(ExperimentConfig, path=args.config, overrides=args.overrides)
+        if args.print_config:
+            print(dump_yaml(cfg), end="")
+            return 0
+        if not args.out:
+            raise BadInput("--out DIR is required: the experiment folder (testbed/, runs/, "
+                           "compare/, commands.txt).")
         out = check_out_path(args.out)
         run(cfg, out)
     except BadInput as exc:
