@@ -5,7 +5,7 @@ While ``RowAdapters.members`` is active, every linear layer and embedding whose 
 adds member m's rank-r term to its rows (EGGROLL, arXiv 2511.16652):
 
     linear:     y = x W^T + (x B_m) A_m^T
-    embedding:  e = W[t] + A_m[t] B_m^T
+    embedding:  e = W[t] + A_m[t] B_m^T       (times the embedding's scale, if it has one)
 
 with ``A_m`` already scaled by ``sign * sigma / sqrt(r)``, so row outputs equal those of a
 model whose weights were set to ``W + sign * sigma * A B^T / sqrt(r)`` (up to rounding). No
@@ -54,7 +54,8 @@ class RowAdapters:
             covered.add(name)
             hook = self._linear if isinstance(module, torch.nn.Linear) else self._embedding
             self._handles.append(module.register_forward_hook(
-                lambda mod, inputs, output, name=name, hook=hook: hook(name, inputs[0], output)))
+                lambda mod, inputs, output, name=name, hook=hook:
+                hook(name, mod, inputs[0], output)))
         missing = [n for n in self.matrices if n not in covered]
         if missing:
             self.close()
@@ -84,7 +85,7 @@ class RowAdapters:
                                f"{M} members x {act.rows_per_member} rows are active")
         return A.to(x.dtype if x.is_floating_point() else A.dtype), B, M
 
-    def _linear(self, name: str, x: torch.Tensor, y: torch.Tensor):
+    def _linear(self, name: str, module, x: torch.Tensor, y: torch.Tensor):
         if self._active is None:
             return None
         A, B, M = self._split(name, x)
@@ -92,13 +93,18 @@ class RowAdapters:
         delta = torch.bmm(torch.bmm(x_M_R_i, B.to(x.dtype)), A.transpose(1, 2))
         return y + delta.reshape(y.shape)
 
-    def _embedding(self, name: str, ids: torch.Tensor, y: torch.Tensor):
+    def _embedding(self, name: str, module, ids: torch.Tensor, y: torch.Tensor):
         if self._active is None:
             return None
         A, B, M = self._split(name, ids)
         ids_M_R = ids.reshape(M, -1)
         rows = torch.gather(A, 1, ids_M_R[..., None].expand(-1, -1, A.shape[2]))
         delta = torch.bmm(rows.to(y.dtype), B.to(y.dtype).transpose(1, 2))
+        # A scaled embedding (Gemma's: W[t] * sqrt(hidden), transformers' ``embed_scale``)
+        # scales a written weight's rows too.
+        scale = getattr(module, "embed_scale", None)
+        if scale is not None:
+            delta = delta * torch.as_tensor(scale, dtype=y.dtype, device=y.device)
         return y + delta.reshape(y.shape)
 
     def close(self) -> None:
