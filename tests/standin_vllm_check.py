@@ -7,7 +7,8 @@ cache) serves every check:
 
 1. greedy: HF and vLLM greedy ids on 20 prompts, and at each first difference the HF
    model's gap between its two best tokens there (a random-init model has near ties, which
-   float32 kernels may break either way);
+   float32 kernels may break either way); the texts of completions that end inside a
+   multi-byte character, as each backend wrote them;
 2. members: per tensor family, the same keyed noise written into the HF model and into the
    engine (``VLLMWeights``) gives the same greedy ids and logprobs (same tie rule), and
    changes the engine's outputs (``changed``: prompts whose greedy ids changed; ``shift``:
@@ -140,10 +141,14 @@ def main(folder: Path) -> dict:
     prompt_ids = [tok(p).input_ids for p in prompts]
     greedy = SamplingParams(n=1, temperature=0, max_tokens=32, logprobs=True)
     a, b = hf.generate(prompts, greedy), vl.generate(prompts, greedy)
+    # Completions whose ids end inside a multi-byte character (a plain decode ends in U+FFFD).
+    cut = [(x[0], y[0]) for x, y in zip(a, b) if x[0].token_ids == y[0].token_ids and
+           tok.decode(list(x[0].token_ids), skip_special_tokens=True).endswith("\ufffd")]
     result = {"prompt_ids_equal": prompt_ids == [vl.prompt_token_ids(p) for p in prompts],
               "greedy": {"gaps": greedy_gaps(model, prompt_ids, a, b),
                          "texts_equal": sum(x[0].text == y[0].text for x, y in zip(a, b)),
-                         "logprob_diff": max_logprob_diff(a, b)}}
+                         "logprob_diff": max_logprob_diff(a, b),
+                         "cut_texts": [(x.text, y.text) for x, y in cut]}}
     hf_w = ModuleWeights(model, select_parameters(model, "all"))
     shadow = AutoModelForCausalLM.from_pretrained(folder)
     vl_w = VLLMWeights(vl.llm, ModuleWeights(shadow, select_parameters(shadow, "all")))

@@ -75,7 +75,7 @@ class Architecture:
     tie_word_embeddings: bool
     # Config keys of this architecture only (head_dim where the config reads it, ...).
     extra: dict = field(default_factory=dict)
-    # Whether the config takes head_dim (others derive it as hidden / heads).
+    # Whether head_dim is written into the config (the others derive it as hidden / heads).
     explicit_head_dim: bool = False
 
 
