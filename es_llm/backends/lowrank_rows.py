@@ -52,10 +52,13 @@ class RowAdapters:
             if name not in self.matrices:
                 continue
             covered.add(name)
-            hook = self._linear if isinstance(module, torch.nn.Linear) else self._embedding
-            self._handles.append(module.register_forward_hook(
-                lambda mod, inputs, output, name=name, hook=hook:
-                hook(name, mod, inputs[0], output)))
+            if isinstance(module, torch.nn.Linear):
+                hook = lambda mod, inputs, output, name=name: self._linear(  # noqa: E731
+                    name, inputs[0], output)
+            else:
+                hook = lambda mod, inputs, output, name=name: self._embedding(  # noqa: E731
+                    name, mod, inputs[0], output)
+            self._handles.append(module.register_forward_hook(hook))
         missing = [n for n in self.matrices if n not in covered]
         if missing:
             self.close()
@@ -85,7 +88,7 @@ class RowAdapters:
                                f"{M} members x {act.rows_per_member} rows are active")
         return A.to(x.dtype if x.is_floating_point() else A.dtype), B, M
 
-    def _linear(self, name: str, module, x: torch.Tensor, y: torch.Tensor):
+    def _linear(self, name: str, x: torch.Tensor, y: torch.Tensor):
         if self._active is None:
             return None
         A, B, M = self._split(name, x)
