@@ -16,7 +16,7 @@ while [ $# -gt 0 ]; do
         --dtype) DTYPE=$2; shift 2 ;;
         --out) OUT=$2; shift 2 ;;
         --skip-tests) TESTS=0; shift ;;
-        -h|--help) sed -n '2,9p' "$0"; echo "options: --device cuda|cpu --shape qwen2.5-1.5b|ci" \
+        -h|--help) sed -n '2,7p' "$0"; echo "options: --device cuda|cpu --shape qwen2.5-1.5b|ci" \
                    "--dtype bfloat16|float32 --out DIR --skip-tests"; exit 0 ;;
         *) echo "gpu_check.sh: unknown option $1 (valid: --device --shape --dtype --out" \
                 "--skip-tests --help)" >&2; exit 2 ;;
