@@ -83,3 +83,22 @@ def ci_reasoning() -> Path:
     path, _ = build_testbed(load_testbed_config("ci", overrides=["reasoning.enabled=true"]),
                             progress=False, echo=lambda *_: None)
     return path / "reasoning"
+
+
+@pytest.fixture(scope="session")
+def standin(tmp_path_factory):
+    """``standin(arch)``: the folder of that random-init stand-in (es_llm/testbed/standins.py,
+    shape ci, float32, seed 0), built once per session on first use (a second or so each).
+    Each is a model folder HF and vLLM both load, with its Countdown data and a ChatML chat
+    template; a test that needs a vLLM engine on one runs it in a process of its own (see
+    ``standin_vllm_check.py``)."""
+    from es_llm.testbed.standins import build_standin
+
+    built: dict[str, Path] = {}
+
+    def get(arch: str) -> Path:
+        if arch not in built:
+            built[arch] = build_standin(arch, "ci", tmp_path_factory.mktemp(f"standin-{arch}"))
+        return built[arch]
+
+    return get

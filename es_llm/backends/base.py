@@ -76,6 +76,22 @@ class Completion:
     trace: object = None
 
 
+def completion_text(tokenizer, token_ids: Sequence[int], stop: Sequence[str] = ()) -> str:
+    """The text of a completion from its token ids: the project's one convention, which both
+    the HF loop and vLLM follow, so the same ids give the same text on either backend.
+
+    The ids are decoded whole with ``skip_special_tokens=True`` (the EOS that ended a
+    completion is not text). A completion cut inside a multi-byte UTF-8 character (at
+    ``max_tokens``, with a byte-level tokenizer) ends in bytes that are no character; they
+    decode to U+FFFD, and trailing U+FFFD characters are dropped, as vLLM's incremental
+    detokenizer holds them back (a completion that really ends in U+FFFD loses it too). The
+    text then ends before the first stop string in it, if any.
+    """
+    text = tokenizer.decode(list(token_ids), skip_special_tokens=True).rstrip("\ufffd")
+    cut = min((text.find(s) for s in stop if s in text), default=-1)
+    return text[:cut] if cut >= 0 else text
+
+
 def stream_seeds(seed: int, count: int, keys: Sequence[Hashable] | None = None) -> list[int]:
     """One sampling seed per prompt of a call: a hash of the call's ``seed``, the prompt's
     key (``keys[i]``, e.g. the problem id; its position when no keys are given) and how many

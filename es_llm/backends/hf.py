@@ -13,7 +13,8 @@ from typing import Hashable, Sequence
 import torch
 from tqdm.auto import tqdm
 
-from es_llm.backends.base import Completion, SamplingParams, check_logprobs_mode
+from es_llm.backends.base import (Completion, SamplingParams, check_logprobs_mode,
+                                  completion_text)
 from es_llm.errors import NonFinite
 
 
@@ -184,12 +185,8 @@ class HFBackend:
 
     def _finish(self, token_ids: list[int], logprobs, finish: str,
                 params: SamplingParams) -> Completion:
-        text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
-        cut = min((text.find(s) for s in params.stop if s in text), default=-1)
-        if cut >= 0:
-            # Like vLLM: the text ends before the stop string; the ids keep the tokens that
-            # completed it.
-            text = text[:cut]
+        # The text ends before the stop string; the ids keep the tokens that completed it.
+        text = completion_text(self.tokenizer, token_ids, params.stop)
         return Completion(text=text, token_ids=tuple(token_ids),
                           logprobs=tuple(logprobs) if logprobs is not None else None,
                           finish_reason=finish)

@@ -5,7 +5,7 @@ While ``RowAdapters.members`` is active, every linear layer and embedding whose 
 adds member m's rank-r term to its rows (EGGROLL, arXiv 2511.16652):
 
     linear:     y = x W^T + (x B_m) A_m^T
-    embedding:  e = W[t] + A_m[t] B_m^T
+    embedding:  e = W[t] + A_m[t] B_m^T       (times the embedding's scale, if it has one)
 
 with ``A_m`` already scaled by ``sign * sigma / sqrt(r)``, so row outputs equal those of a
 model whose weights were set to ``W + sign * sigma * A B^T / sqrt(r)`` (up to rounding). No
@@ -52,9 +52,13 @@ class RowAdapters:
             if name not in self.matrices:
                 continue
             covered.add(name)
-            hook = self._linear if isinstance(module, torch.nn.Linear) else self._embedding
-            self._handles.append(module.register_forward_hook(
-                lambda mod, inputs, output, name=name, hook=hook: hook(name, inputs[0], output)))
+            if isinstance(module, torch.nn.Linear):
+                hook = lambda mod, inputs, output, name=name: self._linear(  # noqa: E731
+                    name, inputs[0], output)
+            else:
+                hook = lambda mod, inputs, output, name=name: self._embedding(  # noqa: E731
+                    name, mod, inputs[0], output)
+            self._handles.append(module.register_forward_hook(hook))
         missing = [n for n in self.matrices if n not in covered]
         if missing:
             self.close()
@@ -92,13 +96,18 @@ class RowAdapters:
         delta = torch.bmm(torch.bmm(x_M_R_i, B.to(x.dtype)), A.transpose(1, 2))
         return y + delta.reshape(y.shape)
 
-    def _embedding(self, name: str, ids: torch.Tensor, y: torch.Tensor):
+    def _embedding(self, name: str, module, ids: torch.Tensor, y: torch.Tensor):
         if self._active is None:
             return None
         A, B, M = self._split(name, ids)
         ids_M_R = ids.reshape(M, -1)
         rows = torch.gather(A, 1, ids_M_R[..., None].expand(-1, -1, A.shape[2]))
         delta = torch.bmm(rows.to(y.dtype), B.to(y.dtype).transpose(1, 2))
+        # A scaled embedding (Gemma's: W[t] * sqrt(hidden), transformers' ``embed_scale``)
+        # scales a written weight's rows too.
+        scale = getattr(module, "embed_scale", None)
+        if scale is not None:
+            delta = delta * torch.as_tensor(scale, dtype=y.dtype, device=y.device)
         return y + delta.reshape(y.shape)
 
     def close(self) -> None:

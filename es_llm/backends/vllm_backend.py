@@ -19,7 +19,8 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Hashable, Sequence
 
-from es_llm.backends.base import Completion, SamplingParams, check_logprobs_mode, stream_seeds
+from es_llm.backends.base import (Completion, SamplingParams, check_logprobs_mode,
+                                  completion_text, stream_seeds)
 from es_llm.comm.placement import cpu_list
 from es_llm.errors import BadInput
 from es_llm.runtime import Runtime, model_context, text_config
@@ -194,7 +195,9 @@ class VLLMBackend:
                 lps = None
                 if params.logprobs and c.logprobs is not None:
                     lps = tuple(step[t].logprob for t, step in zip(c.token_ids, c.logprobs))
-                row.append(Completion(text=c.text, token_ids=tuple(c.token_ids), logprobs=lps,
+                # Decoded from the ids as the HF loop does, not vLLM's incremental c.text.
+                text = completion_text(self.tokenizer, c.token_ids, params.stop)
+                row.append(Completion(text=text, token_ids=tuple(c.token_ids), logprobs=lps,
                                       finish_reason="length" if c.finish_reason == "length"
                                       else "stop"))
             results.append(row)
