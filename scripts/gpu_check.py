@@ -28,14 +28,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# The config keys that carry the device and the dtype, per command, as they are today
-# (config key: which of the two it takes): `es-llm es` has device=, dtype= and its noise's
-# es.noise_device=, `es-llm grpo` device= only (it trains in float32), and `es-llm compare`
-# neither (it samples on the CPU until it has a device setting). A shared runtime section
-# (runtime.device, runtime.dtype) is renamed here and nowhere else.
-RUNTIME_KEYS = {"es": {"device": "device", "dtype": "dtype", "es.noise_device": "device"},
-                "grpo": {"device": "device"},
-                "compare": {}}
+# The config keys that carry the device and the dtype, per command: every command's shared
+# runtime section, and ES's noise drawn on the same device.
+RUNTIME_KEYS = {"es": {"runtime.device": "device", "runtime.dtype": "dtype",
+                       "es.noise_device": "device"},
+                "grpo": {"runtime.device": "device", "runtime.dtype": "dtype"},
+                "compare": {"runtime.device": "device", "runtime.dtype": "dtype"}}
 
 # The stage's process runs the es-llm console script, then writes its peak GPU memory.
 STAGE_CODE = """

@@ -132,9 +132,10 @@ def main(folder: Path) -> dict:
     from es_llm.backends.vllm_weights import VLLMWeights
     from es_llm.es.weights import ModuleWeights, select_parameters
     from es_llm.io import read_jsonl
+    from es_llm.runtime import Runtime
 
     prompts = [r["prompt"] for r in read_jsonl(folder / "data" / "countdown_eval.jsonl")][:20]
-    vl = VLLMBackend(str(folder), max_model_len=512, for_es=True)
+    vl = VLLMBackend(str(folder), runtime=Runtime(max_model_len=512), for_es=True)
     tok = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder).eval()
     hf = HFBackend(str(folder), model=model, tokenizer=tok)

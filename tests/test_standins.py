@@ -16,6 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+import yaml
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -25,6 +26,7 @@ from es_llm.backends.lowrank_rows import RowAdapters
 from es_llm.errors import BadInput
 from es_llm.es.weights import ModuleWeights
 from es_llm.io import read_jsonl
+from es_llm.runtime import Runtime
 from es_llm.testbed.standins import (ARCHITECTURES, SHAPES, build_standin, model_config,
                                      train_tokenizer)
 from populations import lowrank
@@ -155,6 +157,33 @@ def test_both_backends_write_the_text_of_a_cut_completion_the_same_way(standin):
 
 
 # --- low-rank ES: member terms in rows equal written weights (HF) --------------------------
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_context_too_short_for_the_prompts_is_refused_at_load(standin, arch):
+    """The longest prompt plus max_tokens must fit the model's context (the stand-ins' own
+    is 2,048 positions), counted in each architecture's own tokens."""
+    from es_llm.runtime import check_context
+
+    folder = standin(arch)
+    tok = AutoTokenizer.from_pretrained(folder)
+    prompts = [r["prompt"] for r in read_jsonl(folder / "data" / "countdown_rl.jsonl")]
+    longest = max(len(tok(p).input_ids) for p in prompts)
+    check_context(folder, tok, prompts, 2048 - longest, Runtime())
+    with pytest.raises(BadInput, match=f"longest prompt is {longest} tokens"):
+        check_context(folder, tok, prompts, 2049 - longest, Runtime())
+
+
+def test_es_refuses_a_context_too_short_before_writing(standin, tmp_path):
+    folder = standin("qwen2")
+    tok = AutoTokenizer.from_pretrained(folder)
+    longest = max(len(tok(r["prompt"]).input_ids)
+                  for r in read_jsonl(folder / "data" / "countdown_rl.jsonl"))
+    done = es_cli(folder, tmp_path / "run", f"runtime.max_model_len={longest + 15}",
+                  "max_tokens=16")
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert f"{longest + 16} in all, but runtime.max_model_len is {longest + 15}" in done.stderr
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -306,7 +335,7 @@ def test_bf16_es_and_sampling_run_end_to_end(standin, tmp_path):
     """Gemma, whose (1 + w) norms and scaled embedding are the most for bf16 to get wrong."""
     from es_llm.backends import BackendSpec, make_backend
 
-    done = es_cli(standin("gemma"), tmp_path / "run", "dtype=bfloat16",
+    done = es_cli(standin("gemma"), tmp_path / "run", "runtime.dtype=bfloat16",
                   "prompts_per_iteration=4", "max_tokens=16")
     assert done.returncode == 0, done.stderr[-3000:]
     metrics = read_jsonl(tmp_path / "run" / "metrics.jsonl")
@@ -316,7 +345,8 @@ def test_bf16_es_and_sampling_run_end_to_end(standin, tmp_path):
     final = tmp_path / "run" / "checkpoints" / "final"
     with safe_open(final / "model.safetensors", framework="pt") as f:
         assert {f.get_tensor(n).dtype for n in f.keys()} == {torch.bfloat16}
-    backend = make_backend(BackendSpec(str(final), backend="hf", dtype="bfloat16"))
+    backend = make_backend(BackendSpec(str(final), backend="hf",
+                                       runtime=Runtime(dtype="bfloat16")))
     assert next(backend.model.parameters()).dtype == torch.bfloat16
     prompts = [r["prompt"] for r in read_jsonl(final / "data" / "countdown_eval.jsonl")][:8]
     out = backend.generate(prompts, SamplingParams(n=2, max_tokens=16, seed=1, logprobs=True))
@@ -342,11 +372,11 @@ def test_the_gpu_check_times_every_stage_and_passes_the_runtime_on(tmp_path):
         assert stage["returncode"] == 0 and math.isfinite(stage["seconds"]), (name, stage)
         assert stage["seconds"] > 0 and stage["peak_gpu_bytes"] is None  # no CUDA here
     runs = tmp_path / "runs"
+    for name in ("es_full", "es_rows", "grpo", "compare"):
+        runtime = yaml.safe_load((runs / name / "config.yaml").read_text())["runtime"]
+        assert (runtime["device"], runtime["dtype"]) == ("cpu", "float32"), name
     for name in ("es_full", "es_rows"):
-        config = (runs / name / "config.yaml").read_text()
-        assert "\ndevice: cpu\n" in config and "\ndtype: float32\n" in config
         assert len(read_jsonl(runs / name / "ledger.jsonl")) == 2
     assert "kind: lowrank" in (runs / "es_rows" / "config.yaml").read_text()
-    assert "\ndevice: cpu\n" in (runs / "grpo" / "config.yaml").read_text()
     comparison = json.loads((runs / "compare" / "comparison.json").read_text())
     assert len(comparison["problem_ids"]) == 50
