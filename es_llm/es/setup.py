@@ -15,6 +15,7 @@ from es_llm.es.engine import Edges
 from es_llm.es.weights import ModuleWeights, select_parameters
 from es_llm.models import check_model_path
 from es_llm.tasks import build_task
+from es_llm.tasks.chat import render_prompts
 
 
 def build_edges(cfg: ESRunConfig, comm) -> tuple[Edges, list]:
@@ -38,6 +39,7 @@ def build_edges(cfg: ESRunConfig, comm) -> tuple[Edges, list]:
     check_device(cfg.device)
     place_rank(comm.local_rank, comm.local_size, cfg.device, cfg.bind_cores)
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)
+    problems = render_prompts(problems, tokenizer, cfg.task.chat, cfg.model)
     auto_class = AutoModelForMaskedLM if chosen == "diffusion" else AutoModelForCausalLM
     model = auto_class.from_pretrained(cfg.model, dtype=getattr(torch, cfg.dtype))
     model.to(cfg.device)

@@ -53,6 +53,7 @@ from es_llm.report import (Heading, Paragraph, Table, fixed, interval, pct, sign
                            write_report)
 from es_llm.run_folder import check_out_path
 from es_llm.tasks import TaskConfig, build_task
+from es_llm.tasks.chat import render_prompts
 from es_llm.testbed.train import record
 from gradient.loop.seeds import derive_seed
 from gradient.maths.latent_revise import RevisionProblem, revise
@@ -190,6 +191,7 @@ def _check(cfg: LatentReviseConfig):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)
+    problems = render_prompts(problems, tokenizer, cfg.task.chat, cfg.model)
     model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32).to(cfg.device)
     embed = model.get_input_embeddings()
     if not isinstance(embed, torch.nn.Embedding) or embed.weight.shape[0] < len(tokenizer):

@@ -14,6 +14,7 @@ from es_llm.errors import BadInput
 from es_llm.finite import check_start
 from es_llm.models import check_model_path
 from es_llm.tasks import build_task
+from es_llm.tasks.chat import render_prompts
 from gradient.config import GRPORunConfig
 from gradient.distill.methods import method_spec
 from gradient.loop.batch import Rollout
@@ -186,6 +187,7 @@ def build(cfg: GRPORunConfig, resume_from: Path | None = None):
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     start = str(resume_from) if resume_from is not None else cfg.model
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)
+    problems = render_prompts(problems, tokenizer, cfg.task.chat, cfg.model)
     model = model_class.from_pretrained(start, dtype=torch.float32).to(cfg.device)
     check_start(model.named_parameters(), start)
     ref = None
