@@ -33,8 +33,9 @@ _RESERVED_KWARGS = ("conversation", "tokenize", "add_generation_prompt", "return
 class ChatConfig:
     """``task.chat``: whether prompts go through the model's chat template, and with what."""
 
-    # off: send each prompt as written (the ES paper's raw prompts); on: render it through
-    # the model folder's chat template as a user message (or the data row's own messages).
+    # off (false): send each prompt as written (the ES paper's raw prompts); on (true):
+    # render it through the model folder's chat template as a user message (or the data
+    # row's own messages).
     template: bool = False
     # With the template on: a system message before the user message (a data row whose
     # messages hold a system message keeps its own); null = none.

@@ -43,7 +43,7 @@ class TaskConfig:
     data: str | None = None
     # Rows to use, as a Python slice start:stop of the file's rows (or of the generated
     # list), negative counting from the end: 0:200, -2000: (the last 2000), 100: ; null =
-    # all. Applied before task.limit.
+    # all. Applied before task.limit. Quote it in a YAML file ("-2000:").
     select: str | None = None
     # Keep only the first N problems (of task.select's rows, or of all).
     limit: int | None = None
