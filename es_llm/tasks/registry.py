@@ -8,12 +8,11 @@ The registry is the only module-level mutable state in ``es_llm.tasks``.
 from __future__ import annotations
 
 import random
-import re
 from dataclasses import dataclass, field
 from pathlib import Path, PurePath
 from typing import Callable
 
-from es_llm.config import choice
+from es_llm.config import SLICE, choice
 from es_llm.errors import BadInput
 from es_llm.tasks.base import MAX_COMPLETION_CHARS, Problem, Task
 from es_llm.tasks.chat import ChatConfig
@@ -206,8 +205,7 @@ def distinct_problems(
 def parse_select(text) -> slice:
     """``task.select``'s ``start:stop`` (either may be empty or negative) as a slice;
     BadInput for anything else."""
-    match = re.fullmatch(r"\s*(-?\d+)?\s*:\s*(-?\d+)?\s*", text) if isinstance(text, str) \
-        else None
+    match = SLICE.fullmatch(text) if isinstance(text, str) else None
     if match is None:
         raise BadInput(f"task.select must be a slice start:stop of the data's rows, either "
                        f"end may be empty or negative (0:200, -2000:, 100:, :50), or null for "
