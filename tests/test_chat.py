@@ -165,3 +165,18 @@ def test_hf_and_vllm_encode_a_rendered_prompt_to_the_same_ids(vllm_engine, hf_en
     [out] = vllm_engine.llm.generate([p.prompt], VLLMParams(max_tokens=1), use_tqdm=False)
     assert list(out.prompt_token_ids) == hf_ids
     assert hf_ids.count(hf_engine.tokenizer.bos_token_id) == 1
+
+
+def test_settings_where_a_template_cannot_apply_are_refused():
+    from es_llm.compare.config import BlindSpotConfig, CompareConfig
+    from es_llm.evaluate import EvalConfig
+    from es_llm.testtime.run import TestTimeConfig
+
+    task = TaskConfig(chat=ChatConfig(template=True))
+    with pytest.raises(BadInput, match="testtime writes its own role prompts"):
+        TestTimeConfig(model="m", task=task)
+    with pytest.raises(BadInput, match="the blind spot reorders raw Countdown prompts"):
+        CompareConfig(task=task, blind_spot=BlindSpotConfig(enabled=True))
+    with pytest.raises(BadInput, match="no --model is given"):
+        EvalConfig(backend="reference", task=task)
+    assert CompareConfig(task=task).task.chat.template  # the sampled comparison renders
