@@ -36,6 +36,8 @@ C = TypeVar("C")
 
 # The top-level key of a run's config.yaml that records the machine (not a setting).
 MACHINE_KEY = "machine"
+# A slice of rows, start:stop, either end empty or negative (task.select).
+SLICE = re.compile(r"\s*(-?\d+)?\s*:\s*(-?\d+)?\s*")
 
 
 class AliasRefused(yaml.YAMLError):
@@ -183,6 +185,10 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     key = key.strip()
     if not key or any(not part for part in key.split(".")):
         raise BadInput(f"override {text!r} has an empty key.")
+    if SLICE.fullmatch(raw):
+        # YAML reads -2000: as a mapping and 2:8 as a base-60 integer; such a value is a
+        # slice of rows (task.select), kept as written.
+        return key.split("."), raw.strip()
     try:
         value = load_yaml_text(raw) if raw.strip() else ""
     except yaml.YAMLError:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from es_llm.command import BACKEND, MODEL, SAMPLING, TASK, Command, writes_out
+from es_llm.command import BACKEND, MODEL, SAMPLING, STRICT, TASK, Command, writes_out
 
 
 COMMAND = Command(
@@ -14,9 +14,11 @@ k = 1, 2, 4, ... up to N with 95% bootstrap CIs over problems, maj@k, pass^k,
 coverage, diversity). A testbed model is evaluated on its own held-out set
 unless --data is given; other models use the task's generator or --data. A
 masked-diffusion model (a folder with diffusion_sampling.json, such as the
-testbed's diffusion/) decodes with the sampler saved beside it.""",
+testbed's diffusion/) decodes with the sampler saved beside it. A checkpoint of
+a training run (RUN/checkpoints/NAME) evaluated on problems the run trained on
+gets a warning, or exit status 2 with --strict.""",
     config="es_llm.evaluate:EvalConfig",
     run=writes_out("es_llm.evaluate:evaluate"),
-    flags=(MODEL, *TASK, *SAMPLING, BACKEND),
+    flags=(MODEL, *TASK, *SAMPLING, BACKEND, STRICT),
     out_required=True,
 )

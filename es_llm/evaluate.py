@@ -19,10 +19,12 @@ from es_llm.errors import BadInput
 from es_llm.io import write_json_atomic, write_jsonl_atomic, write_text_atomic
 from es_llm.metrics.summary import evaluation_metrics, format_table
 from es_llm.models import check_model_path, resolve_task_config
+from es_llm.overlap import check_overlap
 from es_llm.run_folder import check_out_path
 from es_llm.runtime import Runtime, check_context
 from es_llm.tasks import Problem, TaskConfig, build_task
 from es_llm.tasks.base import too_long_notice
+from es_llm.tasks.chat import render_for_model
 
 
 @dataclass(frozen=True)
@@ -61,16 +63,25 @@ class EvalConfig:
     bootstrap: int = 1000
     # Seed for the metric estimators' own randomness (bootstrap, maj@k subsets).
     metrics_seed: int = 0
+    # Refuse (exit 2) to evaluate a training run's checkpoint on problems that run trained
+    # on (the same prompt); false only warns.
+    strict_overlap: bool = False
 
     def __post_init__(self):
         check_choices(self)
         if self.bootstrap < 10:
             raise BadInput(f"bootstrap must be at least 10 resamples, got {self.bootstrap}.")
+        if not self.model and self.task.chat.template:
+            raise BadInput("task.chat.template=on renders prompts through a model's chat "
+                           "template, and no --model is given; name the model folder whose "
+                           "template to use, or leave it off.")
 
 
 def sample_and_score(backend, task, problems: list[Problem], params: SamplingParams,
                      progress: bool = True) -> list[dict]:
-    """Generate ``params.n`` samples per problem and score them; one row per sample."""
+    """Generate ``params.n`` samples per problem and score them; one row per sample, whose
+    ``prompt`` is the text the model was sent (and ``raw_prompt`` the task's own, when a chat
+    template rendered it)."""
     outs = backend.generate([p.prompt for p in problems], params, progress=progress,
                             keys=[p.id for p in problems])
     pairs = [(p, c.text) for p, row in zip(problems, outs) for c in row]
@@ -84,6 +95,7 @@ def sample_and_score(backend, task, problems: list[Problem], params: SamplingPar
         for s, c in enumerate(row):
             sc = next(it)
             rows.append({"problem_id": p.id, "sample_index": s, "prompt": p.prompt,
+                         **({} if p.raw_prompt is None else {"raw_prompt": p.raw_prompt}),
                          "completion": c.text, "reward": sc.reward, "correct": sc.correct,
                          "answer": sc.answer, "difficulty": p.difficulty,
                          "num_tokens": len(c.token_ids), "finish_reason": c.finish_reason,
@@ -127,6 +139,9 @@ def evaluate(cfg: EvalConfig, out: str | Path, progress: bool = True, echo=print
         if not problems:
             raise BadInput(f"task {cfg.task.name!r} produced no problems (data={cfg.task.data!r}, "
                            f"limit={cfg.task.limit}).")
+        if cfg.model:
+            check_overlap(problems, cfg.model, cfg.strict_overlap, echo)
+            problems = render_for_model(problems, cfg.model, cfg.task.chat)
         t0 = time.perf_counter()
         if reference:
             from es_llm.backends.reference import ReferenceBackend

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from es_llm.command import BACKEND, SAMPLING, TASK, Command, Flag, comma_names, writes_out
+from es_llm.command import (BACKEND, SAMPLING, STRICT, TASK, Command, Flag, comma_names,
+                            writes_out)
 
 
 COMMAND = Command(
@@ -19,12 +20,13 @@ the checkpoints came from; gains by difficulty (DRG, accuracy per difficulty bin
 of the reference and per tier); with --budget-runs, accuracy along training runs
 against generated samples and training seconds. Several training seeds of one
 method are named method@seed and reported as a group (seed spread beside the
-bootstrap CIs).""",
+bootstrap CIs). A checkpoint of a training run (RUN/checkpoints/NAME) compared on
+problems the run trained on gets a warning, or exit status 2 with --strict.""",
     config="es_llm.compare.config:CompareConfig",
     run=writes_out("es_llm.compare.run:compare"),
     flags=(Flag("--models", "models", nargs="+", metavar="NAME=PATH"),
            Flag("--reference", "reference", metavar="NAME"),
-           *TASK, *SAMPLING, BACKEND,
+           *TASK, *SAMPLING, BACKEND, STRICT,
            Flag("--bootstrap", "bootstrap", type=int),
            Flag("--temperatures", "temperatures", type=float, nargs="+", metavar="T"),
            Flag("--also-on", "also_on", nargs="+", metavar="FILE"),

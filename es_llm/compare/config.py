@@ -111,6 +111,9 @@ class CompareConfig:
     bootstrap: int = 1000
     # Seed of the bootstrap resamples and of the diversity subsamples.
     metrics_seed: int = 0
+    # Refuse (exit 2) to compare a training run's checkpoint on problems that run trained
+    # on (the same prompt); false only warns.
+    strict_overlap: bool = False
     # Capability or sharpening (es_llm/compare/capability.py): when either list is set, every
     # model folder is also read greedily (one sample at T = 0) and sampled at each of these
     # temperatures and at sampling.temperature (views_n samples per problem, the other
@@ -147,3 +150,8 @@ class CompareConfig:
         if self.views_n is not None and self.views_n < 1:
             raise BadInput(f"views_n must be at least 1 (or null for sampling.n), got "
                            f"{self.views_n}.")
+        if self.task.chat.template and (self.blind_spot.enabled or self.testtime.methods):
+            raise BadInput("task.chat.template=on is for the sampled comparison only: the blind "
+                           "spot reorders raw Countdown prompts and the test-time methods write "
+                           "their own; turn blind_spot.enabled and testtime.methods off, or "
+                           "leave the template off.")

@@ -16,13 +16,14 @@ from es_llm.compare import (blind_spot, budget, capability, core, difficulty,  #
 from es_llm.compare.config import CompareConfig
 from es_llm.compare.core import summary_table
 from es_llm.compare.samples import SETTING_KEYS, align, check_name, load_samples, samples_path
-from es_llm.compare.sampling import sample_model
+from es_llm.compare.sampling import compared_task, sample_model
 from es_llm.compare.section import CheckInput, SectionInput, Source, sections
 from es_llm.config import load_yaml_text, run_config_yaml, to_dict
 from es_llm.errors import BadInput
 from es_llm.io import write_json_atomic, write_text_atomic
 from es_llm.metrics.summary import json_safe
 from es_llm.models import check_model_path
+from es_llm.overlap import check_overlap
 from es_llm.report import to_markdown, write_report
 from es_llm.run_folder import check_out_path
 
@@ -132,6 +133,20 @@ def check_inputs(cfg: CompareConfig, out: Path) -> tuple[tuple[Source, ...], dic
     return sources, loaded, {name: s.check(inp) for name, s in sections(cfg) if s.check}
 
 
+def check_overlaps(cfg: CompareConfig, sources: tuple[Source, ...], loaded: dict, echo) -> None:
+    """Every model folder that is a training run's checkpoint, checked against the run's
+    training problems (``es_llm.overlap``): a warning, or BadInput with strict_overlap."""
+    for src in sources:
+        if src.name in loaded:
+            continue
+        task = compared_task(cfg, src.path)
+        try:
+            check_overlap(task.problems(), src.path, cfg.strict_overlap,
+                          lambda text, name=src.name: echo(f"[compare] {name}: {text}"))
+        finally:
+            task.close()
+
+
 def _sample_sets(cfg: CompareConfig, sources: tuple[Source, ...], loaded: dict, out: Path,
                  progress: bool) -> tuple:
     """Every model's samples, aligned: the loaded ones, and the model folders sampled into
@@ -182,6 +197,7 @@ def compare(cfg: CompareConfig, out: str | Path, progress: bool = True, echo=pri
     report. ``on_folder(out)`` is called once the output folder exists."""
     out = Path(out)
     sources, loaded, checked = check_inputs(cfg, out)
+    check_overlaps(cfg, sources, loaded, echo)
     out.mkdir(parents=True, exist_ok=True)
     if on_folder is not None:
         on_folder(out)

@@ -16,6 +16,7 @@ from es_llm.es.weights import ModuleWeights, select_parameters
 from es_llm.models import check_model_path
 from es_llm.runtime import check_context
 from es_llm.tasks import build_task
+from es_llm.tasks.chat import render_prompts
 
 
 def build_edges(cfg: ESRunConfig, comm) -> tuple[Edges, list]:
@@ -39,6 +40,7 @@ def build_edges(cfg: ESRunConfig, comm) -> tuple[Edges, list]:
     check_device(cfg.runtime.device)
     place_rank(comm.local_rank, comm.local_size, cfg.runtime.device, cfg.bind_cores)
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)
+    problems = render_prompts(problems, tokenizer, cfg.task.chat, cfg.model)
     check_context(cfg.model, tokenizer, [p.prompt for p in problems], cfg.max_tokens,
                   cfg.runtime)
     auto_class = AutoModelForMaskedLM if chosen == "diffusion" else AutoModelForCausalLM

@@ -20,9 +20,9 @@ from typing import Sequence
 from es_llm.errors import BadInput
 from es_llm.tasks.base import (MAX_COMPLETION_CHARS, InProcessTask, Problem, Score,
                                answer_blocks, too_long)
-from es_llm.tasks.loading import load_records, record_id
-from es_llm.tasks.registry import (TaskConfig, check_tiers, combine_reward, data_path,
-                                   distinct_problems, keep_first, register_task)
+from es_llm.tasks.loading import load_records, record_id, row_messages
+from es_llm.tasks.registry import (TaskConfig, check_tiers, choose_rows, combine_reward,
+                                   data_path, distinct_problems, read_limit, register_task)
 
 # An integer not glued to a digit before it, so the "-2" of "23-2" is read as "2".
 _LAST_INT_RE = re.compile(r"(?<![0-9])-?[0-9]+")
@@ -131,7 +131,8 @@ def load_problems(path, limit: int | None = None) -> list[Problem]:
                            f"arithmetic answers must be integers.")
         meta = {"reference": rec["reference"]} if rec.get("reference") is not None else {}
         problems.append(Problem(id=record_id(rec, i), prompt=rec["prompt"], gold=answer,
-                                difficulty=int(rec.get("difficulty") or 0), meta=meta))
+                                difficulty=int(rec.get("difficulty") or 0), meta=meta,
+                                messages=row_messages(rec, path, i)))
     return problems
 
 
@@ -151,12 +152,13 @@ class ArithmeticTask(InProcessTask):
         """The task's problems (loaded or generated once, then reused)."""
         if self._problems is None:
             if self.cfg.data is not None:
-                self._problems = load_problems(data_path(self.cfg), self.cfg.limit)
+                self._problems = choose_rows(
+                    load_problems(data_path(self.cfg), read_limit(self.cfg)), self.cfg)
             else:
                 made = distinct_problems(
                     lambda rng, tier: generate(rng, tier, max_operand=self._max_operand),
                     lambda p: p.prompt, self.cfg, self._tiers)
-                self._problems = keep_first(made, self.cfg.limit)
+                self._problems = choose_rows(made, self.cfg)
         return list(self._problems)
 
     def _score(self, problem: Problem, completion: str) -> Score:

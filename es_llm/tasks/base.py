@@ -44,7 +44,10 @@ class Problem:
 
     ``gold`` is task-specific plain data (JSON-serialisable): the target and numbers for
     Countdown, an integer for arithmetic, a LaTeX string for math. ``difficulty`` is a small
-    integer tier (higher is harder) or 0 when the source has none.
+    integer tier (higher is harder) or 0 when the source has none. ``messages``: the chat
+    a data row carries (``{"role", "content"}`` mappings), rendered in place of the prompt
+    when the task's chat template is on. ``raw_prompt``: the prompt as the task wrote it,
+    once ``prompt`` holds the chat-template rendering sent to the model (None before).
     """
 
     id: str
@@ -52,6 +55,14 @@ class Problem:
     gold: Any
     difficulty: int = 0
     meta: dict = field(default_factory=dict)
+    messages: tuple[dict, ...] | None = None
+    raw_prompt: str | None = None
+
+    @property
+    def task_prompt(self) -> str:
+        """The prompt as the task wrote it, before any chat template (what code tasks
+        prepend to a completion, and what identifies a problem across runs)."""
+        return self.prompt if self.raw_prompt is None else self.raw_prompt
 
 
 @dataclass(frozen=True)

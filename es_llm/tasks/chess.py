@@ -64,9 +64,9 @@ from es_llm.errors import BadInput
 from es_llm.tasks.base import (MAX_COMPLETION_CHARS, InProcessTask, Problem, Score,
                                too_long)
 from es_llm.tasks.countdown import extract_answer
-from es_llm.tasks.loading import load_records, record_id
-from es_llm.tasks.registry import (TaskConfig, check_tiers, combine_reward, data_path,
-                                   distinct_problems, keep_first, register_task)
+from es_llm.tasks.loading import load_records, record_id, row_messages
+from es_llm.tasks.registry import (TaskConfig, check_tiers, choose_rows, combine_reward,
+                                   data_path, distinct_problems, read_limit, register_task)
 
 TIER_KINDS = {1: "win", 2: "win", 3: "mate1", 4: "mate2"}
 TIERS = tuple(TIER_KINDS)
@@ -572,7 +572,7 @@ def load_problems(path, limit: int | None = None) -> list[Problem]:
                                 prompt=rec.get("prompt") or render_prompt(board, kind),
                                 gold={"fen": rec["fen"], "kind": kind},
                                 difficulty=tier if difficulty is None else int(difficulty),
-                                meta=meta))
+                                meta=meta, messages=row_messages(rec, path, i)))
     return problems
 
 
@@ -607,14 +607,15 @@ class ChessTask(InProcessTask):
         """The task's problems (loaded or generated once, then reused)."""
         if self._problems is None:
             if self.cfg.data is not None:
-                loaded = load_problems(data_path(self.cfg), self.cfg.limit)
+                loaded = choose_rows(
+                    load_problems(data_path(self.cfg), read_limit(self.cfg)), self.cfg)
                 if any(p.gold["kind"] == "win" for p in loaded):
                     _tables().find_tables()
                 self._problems = loaded
             else:
                 made = distinct_problems(self._generate, lambda p: p.gold["fen"], self.cfg,
                                          self._tiers)
-                self._problems = keep_first(made, self.cfg.limit)
+                self._problems = choose_rows(made, self.cfg)
         return list(self._problems)
 
     def _score(self, problem: Problem, completion: str) -> Score:

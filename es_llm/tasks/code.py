@@ -32,8 +32,9 @@ from typing import Callable, Sequence
 from es_llm.errors import BadInput
 from es_llm.sandbox import CodeRunner, Job, SandboxLimits, Verdict
 from es_llm.tasks.base import Problem, Score, TaskBase
-from es_llm.tasks.loading import load_records
-from es_llm.tasks.registry import TaskConfig, combine_reward, data_path, keep_first, register_task
+from es_llm.tasks.loading import load_records, row_messages
+from es_llm.tasks.registry import (TaskConfig, choose_rows, combine_reward, data_path,
+                                   register_task)
 
 STOP_SEQUENCES = ("\ndef ", "\nclass ", "\nif ", "\nprint(", "\n#")
 _FENCE_RE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
@@ -120,7 +121,7 @@ class CodeTaskBase(TaskBase):
                   recorder: Recorder) -> Score:
         outputs = recorder.outputs
         # The answer is the model's part of the program (the prompt is the problem's).
-        written = job.source.removeprefix(problem.prompt).strip("\n")
+        written = job.source.removeprefix(problem.task_prompt).strip("\n")
         return Score(
             reward=combine_reward(verdict.passed, verdict.loaded, self.cfg.format_weight),
             correct=verdict.passed,
@@ -189,7 +190,8 @@ def load_humaneval(path: Path | None = None, limit: int | None = None) -> list[P
         problems.append(Problem(
             id=str(rec.get("task_id", f"humaneval-{i}")), prompt=rec["prompt"],
             gold={"entry_point": rec["entry_point"], "test": rec["test"]},
-            meta={"solution": rec["canonical_solution"]} if rec.get("canonical_solution") else {}))
+            meta={"solution": rec["canonical_solution"]} if rec.get("canonical_solution") else {},
+            messages=row_messages(rec, source, i)))
     return problems
 
 
@@ -198,16 +200,16 @@ class HumanEvalTask(CodeTaskBase):
 
     def problems(self) -> list[Problem]:
         path = data_path(self.cfg) if self.cfg.data is not None else None
-        return keep_first(load_humaneval(path), self.cfg.limit)
+        return choose_rows(load_humaneval(path), self.cfg)
 
     def program(self, problem: Problem, completion: str) -> str:
-        return humaneval_program(problem.prompt, completion)
+        return humaneval_program(problem.task_prompt, completion)
 
     def make_check(self, problem: Problem) -> Callable[[Callable], object]:
         # The prompt supplies the helpers some tests call (poly, encode_cyclic, ...). Its stub
         # of the entry point is replaced by the proxy, since a few tests call the function by
         # name as well (HumanEval/33 compares it with itself).
-        code = compile(problem.prompt + "\n\n" + problem.gold["test"],
+        code = compile(problem.task_prompt + "\n\n" + problem.gold["test"],
                        f"<{problem.id} test>", "exec")
         entry = problem.gold["entry_point"]
 

@@ -36,9 +36,9 @@ from typing import Sequence, Union
 from es_llm.errors import BadInput
 from es_llm.tasks.base import (MAX_COMPLETION_CHARS, InProcessTask, Problem, Score,
                                answer_blocks, too_long)
-from es_llm.tasks.loading import load_records, record_id
-from es_llm.tasks.registry import (TaskConfig, check_tiers, combine_reward, data_path,
-                                   distinct_problems, keep_first, register_task)
+from es_llm.tasks.loading import load_records, record_id, row_messages
+from es_llm.tasks.registry import (TaskConfig, check_tiers, choose_rows, combine_reward,
+                                   data_path, distinct_problems, read_limit, register_task)
 
 # An expression tree: a leaf number, or (operator, left, right) with operator in "+-*/".
 Tree = Union[int, tuple]
@@ -356,7 +356,7 @@ def load_problems(path, limit: int | None = None) -> list[Problem]:
         problems.append(Problem(id=record_id(rec, i), prompt=prompt,
                                 gold={"numbers": numbers, "target": target},
                                 difficulty=len(numbers) if difficulty is None else int(difficulty),
-                                meta=meta))
+                                meta=meta, messages=row_messages(rec, path, i)))
     return problems
 
 
@@ -427,13 +427,14 @@ class CountdownTask(InProcessTask):
         """The task's problems (loaded or generated once, then reused)."""
         if self._problems is None:
             if self.cfg.data is not None:
-                self._problems = load_problems(data_path(self.cfg), self.cfg.limit)
+                self._problems = choose_rows(
+                    load_problems(data_path(self.cfg), read_limit(self.cfg)), self.cfg)
             else:
                 made = distinct_problems(
                     lambda rng, tier: generate(rng, tier, **self._gen),
                     lambda p: (tuple(sorted(p.gold["numbers"])), p.gold["target"]),
                     self.cfg, self._tiers)
-                self._problems = keep_first(made, self.cfg.limit)
+                self._problems = choose_rows(made, self.cfg)
         return list(self._problems)
 
     def _score(self, problem: Problem, completion: str) -> Score:

@@ -186,3 +186,21 @@ def record_id(rec: dict, index: int) -> str:
         if rec.get(key) is not None:
             return str(rec[key])
     return str(index)
+
+
+def row_messages(rec: dict, path, index: int) -> tuple[dict, ...] | None:
+    """The record's ``messages`` (a chat to render in place of its prompt when the task's
+    chat template is on) as ``{"role", "content", ...}`` dicts, or None without the field.
+
+    Fields a file reader filled with null for messages that lack them are dropped. Raises
+    BadInput unless every message is a mapping with string ``role`` and ``content``."""
+    messages = rec.get("messages")
+    if messages is None:
+        return None
+    if isinstance(messages, (list, tuple)) and messages and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str)
+            and isinstance(m.get("content"), str) for m in messages):
+        return tuple({k: v for k, v in m.items() if v is not None} for m in messages)
+    raise BadInput(f"data file {str(path)!r}: record {index} has messages "
+                   f"{str(messages)[:80]!r}; messages must be a non-empty list of "
+                   f"{{\"role\": ..., \"content\": ...}} objects with string values.")

@@ -25,9 +25,10 @@ from typing import Sequence
 
 from es_llm.errors import BadInput
 from es_llm.tasks.base import Problem, Score, TaskBase
-from es_llm.tasks.loading import load_records, record_id
+from es_llm.tasks.loading import load_records, record_id, row_messages
 from es_llm.tasks.math_worker import Checker, VerifierPool, check_answer, failure
-from es_llm.tasks.registry import TaskConfig, combine_reward, data_path, register_task
+from es_llm.tasks.registry import (TaskConfig, choose_rows, combine_reward, data_path,
+                                   read_limit, register_task)
 
 _BOXED_RE = re.compile(r"\\boxed\s*\{")
 # A "$" that is not "\$" (an escaped dollar sign is part of the answer, e.g. \$18.90).
@@ -107,7 +108,8 @@ def load_problems(path, limit: int | None = None) -> list[Problem]:
         level = rec.get("level")
         problems.append(Problem(id=record_id(rec, i),
                                 prompt=prompt or render_prompt(str(rec["text"])), gold=gold,
-                                difficulty=level if isinstance(level, int) else 0))
+                                difficulty=level if isinstance(level, int) else 0,
+                                messages=row_messages(rec, path, i)))
     return problems
 
 
@@ -142,7 +144,8 @@ class MathTask(TaskBase):
     def problems(self) -> list[Problem]:
         """The file's problems (loaded once, then reused)."""
         if self._problems is None:
-            self._problems = load_problems(data_path(self.cfg), self.cfg.limit)
+            self._problems = choose_rows(
+                load_problems(data_path(self.cfg), read_limit(self.cfg)), self.cfg)
         return list(self._problems)
 
     def score(self, problem: Problem, completion: str) -> Score:

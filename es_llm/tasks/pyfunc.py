@@ -27,9 +27,9 @@ from typing import Callable
 from es_llm.errors import BadInput
 from es_llm.tasks.base import Problem
 from es_llm.tasks.code import CodeTaskBase
-from es_llm.tasks.loading import load_records, record_id
-from es_llm.tasks.registry import (TaskConfig, check_tiers, data_path, distinct_problems,
-                                   keep_first, register_task)
+from es_llm.tasks.loading import load_records, record_id, row_messages
+from es_llm.tasks.registry import (TaskConfig, check_tiers, choose_rows, data_path,
+                                   distinct_problems, read_limit, register_task)
 from es_llm.sandbox import io_check
 
 TIERS = (1, 2, 3, 4)
@@ -164,7 +164,8 @@ def load_problems(path, limit: int | None = None) -> list[Problem]:
         meta = {k: rec[k] for k in ("solution", "reference") if rec.get(k) is not None}
         problems.append(Problem(id=record_id(rec, i), prompt=rec["prompt"],
                                 gold={"entry_point": entry, "tests": tests},
-                                difficulty=int(rec.get("difficulty") or 0), meta=meta))
+                                difficulty=int(rec.get("difficulty") or 0), meta=meta,
+                                messages=row_messages(rec, path, i)))
     return problems
 
 
@@ -183,10 +184,11 @@ class PyFuncTask(CodeTaskBase):
     def problems(self) -> list[Problem]:
         if self._problems is None:
             if self.cfg.data is not None:
-                self._problems = load_problems(data_path(self.cfg), self.cfg.limit)
+                self._problems = choose_rows(
+                    load_problems(data_path(self.cfg), read_limit(self.cfg)), self.cfg)
             else:
                 made = distinct_problems(generate, lambda p: p.prompt, self.cfg, self._tiers)
-                self._problems = keep_first(made, self.cfg.limit)
+                self._problems = choose_rows(made, self.cfg)
         return list(self._problems)
 
     def program(self, problem: Problem, completion: str) -> str:
@@ -197,7 +199,7 @@ class PyFuncTask(CodeTaskBase):
             if line and not line[0].isspace():
                 break
             body.append(line)
-        return problem.prompt + "\n".join(body)[:4000]
+        return problem.task_prompt + "\n".join(body)[:4000]
 
     def make_check(self, problem: Problem):
         return io_check([(tuple(args), expected) for args, expected in problem.gold["tests"]])

@@ -8,13 +8,14 @@ The registry is the only module-level mutable state in ``es_llm.tasks``.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path, PurePath
 from typing import Callable
 
-from es_llm.config import choice
+from es_llm.config import SLICE, choice
 from es_llm.errors import BadInput
 from es_llm.tasks.base import MAX_COMPLETION_CHARS, Problem, Task
+from es_llm.tasks.chat import ChatConfig
 from populations.numbers import is_finite_number
 from populations.registry import Registry
 
@@ -30,7 +31,8 @@ class TaskConfig:
     """Which task to build and how; the same fields for every task.
 
     Procedural fields (``num_problems``, ``seed``, ``tiers``) are ignored when ``data`` names
-    a file. ``format_weight`` mixes a format bonus into the reward:
+    a file. ``select`` slices the rows first and ``limit`` then keeps the first N of them.
+    ``format_weight`` mixes a format bonus into the reward:
     ``reward = format_weight * format_ok + (1 - format_weight) * correct``.
     """
 
@@ -38,7 +40,11 @@ class TaskConfig:
     name: str = choice("countdown", lambda: task_names())
     # A local .jsonl / .json / .parquet file of problems; None = the task's generator.
     data: str | None = None
-    # Keep only the first N problems (of the file or of the generated list).
+    # Rows to use, as a Python slice start:stop of the file's rows (or of the generated
+    # list), negative counting from the end: 0:200, -2000: (the last 2000), 100: ; null =
+    # all. Applied before task.limit. Quote it in a YAML file ("-2000:").
+    select: str | None = None
+    # Keep only the first N problems (of task.select's rows, or of all).
     limit: int | None = None
     # How many problems the generator makes (procedural only).
     num_problems: int = 200
@@ -60,6 +66,8 @@ class TaskConfig:
     # rollout/too_long per training step) and the first is announced; a model that
     # legitimately reasons longer needs a higher bound.
     max_completion_chars: int = MAX_COMPLETION_CHARS
+    # How prompts are sent to the model: raw, or through its chat template.
+    chat: ChatConfig = field(default_factory=ChatConfig)
     # Code tasks: programs judged at once in the sandbox pool (0 = twice the CPU count).
     workers: int = 0
     # Code tasks: run model-written programs WITHOUT the bubblewrap sandbox (limits only).
@@ -82,6 +90,8 @@ class TaskConfig:
             if not self.data.lower().endswith(DATA_SUFFIXES):
                 raise BadInput(f"task.data {self.data!r} has an unsupported extension; use a "
                                f"{', '.join(DATA_SUFFIXES)} file, or null for the generator.")
+        if self.select is not None:
+            parse_select(self.select)
         if self.limit is not None and not (_is_int(self.limit) and self.limit >= 1):
             raise BadInput(f"task.limit must be a positive integer or null (keep all problems), "
                            f"got {self.limit!r}.")
@@ -192,9 +202,36 @@ def distinct_problems(
     return problems
 
 
-def keep_first(problems: list[Problem], limit: int | None) -> list[Problem]:
-    """The first ``limit`` problems (all when ``limit`` is None)."""
-    return problems if limit is None else problems[:limit]
+def parse_select(text) -> slice:
+    """``task.select``'s ``start:stop`` (either may be empty or negative) as a slice;
+    BadInput for anything else."""
+    match = SLICE.fullmatch(text) if isinstance(text, str) else None
+    if match is None:
+        raise BadInput(f"task.select must be a slice start:stop of the data's rows, either "
+                       f"end may be empty or negative (0:200, -2000:, 100:, :50), or null for "
+                       f"all rows; got {text!r}.")
+    start, stop = (None if g is None else int(g) for g in match.groups())
+    return slice(start, stop)
+
+
+def choose_rows(problems: list[Problem], cfg: TaskConfig) -> list[Problem]:
+    """``cfg.select``'s slice of ``problems``, then its first ``cfg.limit``; BadInput when
+    the slice keeps none of them."""
+    if cfg.select is not None:
+        chosen = problems[parse_select(cfg.select)]
+        if not chosen:
+            source = repr(cfg.data) if cfg.data is not None else f"the {cfg.name} generator"
+            raise BadInput(f"task.select {cfg.select!r} keeps none of the {len(problems)} "
+                           f"rows of {source}; choose a slice within 0:{len(problems)} "
+                           f"(negative counts from the end, e.g. -{max(1, len(problems) // 2)}:).")
+        problems = chosen
+    return problems if cfg.limit is None else problems[:cfg.limit]
+
+
+def read_limit(cfg: TaskConfig) -> int | None:
+    """How many leading rows of the data file to read: ``cfg.limit`` alone needs no more,
+    a selection may need any row (None: all)."""
+    return cfg.limit if cfg.select is None else None
 
 
 def data_path(cfg: TaskConfig) -> Path:

@@ -85,6 +85,9 @@ class TestTimeConfig:
                            f"Countdown formats), got {self.task.name!r}.")
         if self.bootstrap < 10:
             raise BadInput(f"bootstrap must be at least 10 resamples, got {self.bootstrap}.")
+        if self.task.chat.template:
+            raise BadInput("testtime writes its own role prompts (the testbed's Countdown "
+                           "formats) and sends them raw, so task.chat.template must be off.")
 
 
 def _problems(cfg: TestTimeConfig):

@@ -54,6 +54,7 @@ from es_llm.report import (Heading, Paragraph, Table, fixed, interval, pct, sign
 from es_llm.run_folder import check_out_path
 from es_llm.runtime import Runtime
 from es_llm.tasks import TaskConfig, build_task
+from es_llm.tasks.chat import render_prompts
 from es_llm.testbed.train import record
 from gradient.loop.seeds import derive_seed
 from gradient.maths.latent_revise import RevisionProblem, revise
@@ -192,6 +193,7 @@ def _check(cfg: LatentReviseConfig):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)
+    problems = render_prompts(problems, tokenizer, cfg.task.chat, cfg.model)
     model = AutoModelForCausalLM.from_pretrained(
         cfg.model, dtype=torch.float32, **cfg.runtime.attention_kwargs()).to(cfg.runtime.device)
     embed = model.get_input_embeddings()

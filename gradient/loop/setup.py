@@ -15,6 +15,7 @@ from es_llm.finite import check_start
 from es_llm.models import check_model_path
 from es_llm.runtime import check_context
 from es_llm.tasks import build_task
+from es_llm.tasks.chat import render_prompts
 from gradient.config import GRPORunConfig
 from gradient.distill.methods import method_spec
 from gradient.loop.batch import Rollout
@@ -188,6 +189,7 @@ def build(cfg: GRPORunConfig, resume_from: Path | None = None):
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     start = str(resume_from) if resume_from is not None else cfg.model
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)
+    problems = render_prompts(problems, tokenizer, cfg.task.chat, cfg.model)
     if not diffusion:
         check_context(cfg.model, tokenizer, [p.prompt for p in problems], cfg.rollout.max_tokens,
                       cfg.runtime, where="rollout.max_tokens")
