@@ -16,6 +16,7 @@ from es_llm.errors import BadInput
 from es_llm.evaluate import SamplingConfig
 from es_llm.runtime import Runtime
 from es_llm.tasks import task_names
+from es_llm.tasks.registry import parse_select
 from es_llm.testbed.config import ModelShape
 from es_llm.testbed.scaling import DOMAINS
 
@@ -170,6 +171,8 @@ class ExperimentConfig:
         if any(not t > 0 for t in self.temperatures):
             raise BadInput(f"temperatures must be above 0 (the comparison reads every model "
                            f"greedily whenever they are set), got {list(self.temperatures)}.")
+        if self.eval_select is not None:
+            parse_select(self.eval_select)
         if self.model and self.never_seen_per_tier:
             raise BadInput("never_seen_per_tier draws problems the testbed never trained on; "
                            "with a model of your own (model=PATH) set it to 0 and give the "

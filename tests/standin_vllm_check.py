@@ -133,6 +133,8 @@ def main(folder: Path) -> dict:
     from es_llm.es.weights import ModuleWeights, select_parameters
     from es_llm.io import read_jsonl
     from es_llm.runtime import Runtime
+    from es_llm.tasks import TaskConfig, build_task
+    from es_llm.tasks.chat import ChatConfig, render_prompts
 
     prompts = [r["prompt"] for r in read_jsonl(folder / "data" / "countdown_eval.jsonl")][:20]
     vl = VLLMBackend(str(folder), runtime=Runtime(max_model_len=512), for_es=True)
@@ -145,7 +147,17 @@ def main(folder: Path) -> dict:
     # Completions whose ids end inside a multi-byte character (a plain decode ends in U+FFFD).
     cut = [(x[0], y[0]) for x, y in zip(a, b) if x[0].token_ids == y[0].token_ids and
            tok.decode(list(x[0].token_ids), skip_special_tokens=True).endswith("\ufffd")]
+    # The prompts rendered through the folder's chat template (with a system message and
+    # Qwen3's thinking switch), as every command renders them: the same ids in both engines.
+    chat = ChatConfig(template=True, system="Answer briefly.", kwargs={"enable_thinking": False})
+    task = build_task(TaskConfig(name="countdown", limit=8, chat=chat,
+                                 data=str(folder / "data" / "countdown_eval.jsonl")))
+    rendered = [p.prompt for p in render_prompts(task.problems(), tok, chat, str(folder))]
+    task.close()
     result = {"prompt_ids_equal": prompt_ids == [vl.prompt_token_ids(p) for p in prompts],
+              "chat_ids_equal": [tok(p).input_ids for p in rendered]
+              == [vl.prompt_token_ids(p) for p in rendered],
+              "chat_rendered": all("<|im_start|>system\nAnswer briefly." in p for p in rendered),
               "greedy": {"gaps": greedy_gaps(model, prompt_ids, a, b),
                          "texts_equal": sum(x[0].text == y[0].text for x, y in zip(a, b)),
                          "logprob_diff": max_logprob_diff(a, b),

@@ -3,6 +3,7 @@ lists for them, with their sources, and the ES recipe runs on a Qwen2-shaped mod
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -61,3 +62,23 @@ def test_a_recipe_prints_the_settings_of_the_docs_table(recipe):
     wrong = {k: (cell, printed.get(k)) for k, cell in table.items()
              if k not in printed or not same(cell, printed[k])}
     assert not wrong, wrong
+
+
+@pytest.mark.slow
+def test_the_es_recipe_runs_an_iteration_on_a_qwen2_shaped_model(standin, shared_data, tmp_path):
+    """The ES paper's recipe as written (its 200 training rows of countdown.json, answer tag,
+    float16 serving over a float32 master copy), shrunk only in population, prompts,
+    tokens and length to fit a CPU, on the random-init Qwen2 stand-in."""
+    out = tmp_path / "es"
+    proc = subprocess.run(
+        [sys.executable, "-m", "es_llm", "es", "--config", str(RECIPES / "es_countdown_paper.yaml"),
+         "--out", str(out), "--no-progress", f"model={standin('qwen2')}",
+         f"task.data={shared_data / 'countdown' / 'countdown.json'}", "iterations=1",
+         "es.population=4", "prompts_per_iteration=4", "max_tokens=16", "backend=hf",
+         "runtime.device=cpu"], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    config = yaml.safe_load((out / "config.yaml").read_text())
+    assert config["runtime"]["dtype"] == "float16" and config["task"]["select"] == "0:200"
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 1 and rows[0]["samples/generated"] == 4 * 4
+    assert (out / "checkpoints" / "final" / "model.safetensors").is_file()

@@ -5,6 +5,7 @@ master weights, and compare refuses runs trained at different precisions."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -103,7 +104,9 @@ def test_a_context_whose_kv_cache_does_not_fit_is_bad_input(ci_testbed, tmp_path
     model = tmp_path / "long"
     shutil.copytree(ci_testbed, model)
     cfg = json.loads((model / "config.json").read_text())
-    (model / "config.json").write_text(json.dumps({**cfg, "max_position_embeddings": 2_000_000}))
+    # 512 bytes of KV per token (2 layers, 1 KV head of 32, float32): 3M tokens need 1.43 GiB
+    # of the 1 GiB the engine is given.
+    (model / "config.json").write_text(json.dumps({**cfg, "max_position_embeddings": 3_000_000}))
     # Its own engine in its own process (in-process engines share vLLM's global state).
     code = ("import sys\nfrom es_llm.backends import BackendSpec, make_backend\n"
             "from es_llm.errors import BadInput\n"
@@ -112,7 +115,7 @@ def test_a_context_whose_kv_cache_does_not_fit_is_bad_input(ci_testbed, tmp_path
     proc = subprocess.run([sys.executable, "-c", code, str(model)], capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 2, proc.stderr[-3000:]
-    assert "cannot hold the KV cache of one 2000000-token sequence" in proc.stdout
+    assert "cannot hold the KV cache of one 3000000-token sequence" in proc.stdout
     assert "runtime.max_model_len" in proc.stdout and "runtime.cpu_kv_cache_gib=1" in proc.stdout
 
 
@@ -152,22 +155,31 @@ def test_mixed_precision_gives_the_float32_gradient_direction(ci_testbed):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_grpo_trains_in_half_precision_on_float32_masters(ci_testbed, tmp_path, dtype):
+def test_grpo_raises_a_dense_reward_in_half_precision_on_float32_masters(ci_testbed, tmp_path,
+                                                                         dtype):
+    """The "write the digit 7" run of test_grpo_trainer, computed in half precision: the
+    reward rises, every weight moves, and weights and AdamW moments stay float32."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "grpo_sevens_run.py"),
+                           str(ci_testbed), str(tmp_path / "run"), "hf",
+                           f"runtime.dtype={dtype}"],
+                          capture_output=True, text=True, env=env, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert r["after"] > r["before"] + 0.05, r
+    assert r["params_changed"] == r["params"]
     out = tmp_path / "run"
-    assert main(["grpo", "--config", str(CI_CONFIG), "--out", str(out), "--no-progress",
-                 f"model={ci_testbed}", "steps=2", f"runtime.dtype={dtype}"]) == 0
     assert yaml.safe_load((out / "config.yaml").read_text())["runtime"]["dtype"] == dtype
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert ("grad/loss_scale" in rows[-1]) == (dtype == "float16")
     saved = torch.load(out / "checkpoints" / "final" / "trainer_state.pt", weights_only=False)
     moments = [s["exp_avg"] for s in saved["optimizer"]["state"].values()]
     assert moments and all(m.dtype == torch.float32 for m in moments)
-    from safetensors.torch import load_file
+    assert (saved["loss_scale"] is not None) == (dtype == "float16")
+    from safetensors import safe_open
 
-    before = load_file(ci_testbed / "model.safetensors")
-    after = load_file(out / "checkpoints" / "final" / "model.safetensors")
-    assert all(t.dtype == torch.float32 for t in after.values())
-    assert any(not torch.equal(before[k], after[k]) for k in after)
+    with safe_open(out / "checkpoints" / "final" / "model.safetensors", framework="pt") as f:
+        assert {f.get_tensor(n).dtype for n in f.keys()} == {torch.float32}
 
 
 def _run_folder(root: Path, name: str, config: dict) -> Source:

@@ -264,6 +264,16 @@ def test_hf_and_vllm_greedy_completions_agree(vllm_check, arch):
 
 @pytest.mark.vllm
 @pytest.mark.slow
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_chat_rendered_prompt_feeds_both_engines_the_same_ids(vllm_check, arch):
+    """task.chat renders through the folder's ChatML template once; HF's tokenizer and the
+    engine's then feed the model the same ids."""
+    result = vllm_check(arch)
+    assert result["chat_rendered"] and result["chat_ids_equal"]
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
 def test_both_engines_store_a_completion_cut_inside_a_character_alike(vllm_check):
     """Random-init byte-level models end some greedy completions inside a multi-byte
     character at max_tokens (Llama's and Mistral's stand-ins six of 20 each); HF stored those
