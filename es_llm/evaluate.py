@@ -147,10 +147,12 @@ def evaluate(cfg: EvalConfig, out: str | Path, progress: bool = True, echo=print
             from es_llm.backends.reference import ReferenceBackend
             backend = ReferenceBackend(problems, cfg.task.name)
         else:
-            check_context(cfg.model, None, [p.prompt for p in problems], cfg.sampling.max_tokens,
-                          cfg.runtime, where="sampling.max_tokens")
-            backend = make_backend(BackendSpec(cfg.model, backend=cfg.backend,
-                                               runtime=cfg.runtime, seed=cfg.sampling.seed))
+            spec = BackendSpec(cfg.model, backend=cfg.backend, runtime=cfg.runtime,
+                               seed=cfg.sampling.seed)
+            if spec.choice() != "diffusion":
+                check_context(cfg.model, None, [p.prompt for p in problems],
+                              cfg.sampling.max_tokens, cfg.runtime, where="sampling.max_tokens")
+            backend = make_backend(spec)
         t_load = time.perf_counter() - t0
         echo(f"evaluating {cfg.model or 'the reference solutions'} on {len(problems)} "
              f"{cfg.task.name} problems, n={cfg.sampling.n}, T={cfg.sampling.temperature}, "

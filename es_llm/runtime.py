@@ -125,12 +125,8 @@ def check_context(model_path: str | Path, tokenizer, prompts: Sequence[str], max
     """BadInput, before anything runs, when the longest prompt plus ``max_tokens`` does not
     fit the context: the model's own and ``runtime.max_model_len``, the smaller of the two.
     Past it, vLLM stops at the context and transformers generates on, so the two backends
-    would score different texts. ``tokenizer`` None: the folder's. A masked-diffusion model
-    denoises a canvas of its own fixed length and is not checked here."""
-    from es_llm.backends.diffusion import is_diffusion_model
-
-    if is_diffusion_model(str(model_path)):
-        return
+    would score different texts. ``tokenizer`` None: the folder's. For causal LMs: a
+    masked-diffusion model denoises a canvas of its own fixed length."""
     if tokenizer is None:
         from transformers import AutoTokenizer
 

@@ -41,8 +41,9 @@ def build_edges(cfg: ESRunConfig, comm) -> tuple[Edges, list]:
     place_rank(comm.local_rank, comm.local_size, cfg.runtime.device, cfg.bind_cores)
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)
     problems = render_prompts(problems, tokenizer, cfg.task.chat, cfg.model)
-    check_context(cfg.model, tokenizer, [p.prompt for p in problems], cfg.max_tokens,
-                  cfg.runtime)
+    if chosen != "diffusion":
+        check_context(cfg.model, tokenizer, [p.prompt for p in problems], cfg.max_tokens,
+                      cfg.runtime)
     auto_class = AutoModelForMaskedLM if chosen == "diffusion" else AutoModelForCausalLM
     model = auto_class.from_pretrained(cfg.model, **cfg.runtime.load_kwargs())
     model.to(cfg.runtime.device)
