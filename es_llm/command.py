@@ -259,7 +259,7 @@ TASK = (Flag("--task", "task.name"), Flag("--data", "task.data"),
         Flag("--select", "task.select", metavar="START:STOP"),
         Flag("--limit", "task.limit", type=int))
 # eval and compare: refuse evaluation problems a compared run trained on.
-STRICT = Flag("--strict", "strict_overlap", const=True)
+STRICT = Flag("--strict-overlap", "strict_overlap", const=True)
 SAMPLING = (Flag("--n", "sampling.n", type=int),
             Flag("--temperature", "sampling.temperature", type=float),
             Flag("--top-p", "sampling.top_p", type=float),

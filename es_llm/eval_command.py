@@ -16,7 +16,7 @@ unless --data is given; other models use the task's generator or --data. A
 masked-diffusion model (a folder with diffusion_sampling.json, such as the
 testbed's diffusion/) decodes with the sampler saved beside it. A checkpoint of
 a training run (RUN/checkpoints/NAME) evaluated on problems the run trained on
-gets a warning, or exit status 2 with --strict.""",
+gets a warning, or exit status 2 with --strict-overlap.""",
     config="es_llm.evaluate:EvalConfig",
     run=writes_out("es_llm.evaluate:evaluate"),
     flags=(MODEL, *TASK, *SAMPLING, BACKEND, STRICT),

@@ -1,5 +1,5 @@
 """Evaluation problems a model was trained on: ``es-llm eval`` and ``es-llm compare`` warn
-about them, and refuse them with ``--strict`` (``strict_overlap``).
+about them, and refuse them with ``--strict-overlap`` (``strict_overlap``).
 
 A model folder ``RUN/checkpoints/NAME`` comes from the training run ``RUN``, whose
 ``config.yaml`` holds the task section it trained on; the run's training problems are built
@@ -67,8 +67,8 @@ def check_overlap(problems: list[Problem], model: str | Path, strict: bool, echo
                    f"{str(model)!r} comes from, so its overlap with the evaluation problems "
                    f"is unchecked: {exc}")
         if strict:
-            raise BadInput(f"{message} strict_overlap (--strict) needs the check; fix the run's "
-                           f"config.yaml or turn it off.") from None
+            raise BadInput(f"{message} strict_overlap (--strict-overlap) needs the check; fix "
+                           f"the run's config.yaml or turn it off.") from None
         echo(f"es-llm: note: {message}")
         return
     if not shared:
@@ -78,5 +78,5 @@ def check_overlap(problems: list[Problem], model: str | Path, strict: bool, echo
                f"{str(model)!r} comes from (the same prompt), so scores on them measure "
                f"recall, not generalisation; evaluate on other rows (task.data, task.select)")
     if strict:
-        raise BadInput(f"{message}, or leave strict_overlap (--strict) off to only warn.")
-    echo(f"es-llm: warning: {message}, or set strict_overlap (--strict) to refuse this.")
+        raise BadInput(f"{message}, or leave strict_overlap (--strict-overlap) off to only warn.")
+    echo(f"es-llm: warning: {message}, or set strict_overlap (--strict-overlap) to refuse this.")

@@ -115,8 +115,8 @@ def test_cli_process_exit_status_and_help():
     helped = run_cli("eval", "--help")
     assert helped.returncode == 0
     for flag in ("--model", "--task", "--n", "--temperature", "--top-p", "--max-tokens",
-                 "--seed", "--backend", "--data", "--select", "--limit", "--strict", "--config",
-                 "--out"):
+                 "--seed", "--backend", "--data", "--select", "--limit", "--strict-overlap",
+                 "--config", "--out"):
         assert flag in helped.stdout
 
 

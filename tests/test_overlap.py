@@ -1,5 +1,5 @@
 """Evaluation problems a checkpoint's training run trained on: ``es-llm eval`` and ``es-llm
-compare`` warn, and with ``--strict`` exit with status 2 before sampling."""
+compare`` warn, and with ``--strict-overlap`` exit with status 2 before sampling."""
 
 from __future__ import annotations
 
@@ -65,7 +65,7 @@ def test_eval_warns_about_training_problems_and_strict_refuses(trained_checkpoin
     assert "warning" not in capsys.readouterr().out
     never = tmp_path / "never"
     assert main(eval_args(trained_checkpoint, never, "--data", rl, "--limit", "8",
-                          "--strict")) == 2
+                          "--strict-overlap")) == 2
     err = capsys.readouterr().err
     assert "5 of the 8 evaluation problems" in err and err.count("\n") == 1
     assert not never.exists()
@@ -83,6 +83,6 @@ def test_compare_warns_per_checkpoint_and_strict_exits_2(trained_checkpoint, ci_
     out = tmp_path / "strict"
     assert main(["compare", "--models", f"base={ci_testbed}", f"es={trained_checkpoint}",
                  "--task", "countdown", "--data", rl, "--limit", "6", "--n", "1",
-                 "--backend", "hf", "--strict", "--out", str(out), "--no-progress"]) == 2
+                 "--backend", "hf", "--strict-overlap", "--out", str(out), "--no-progress"]) == 2
     assert "5 of the 6 evaluation problems" in capsys.readouterr().err
     assert not out.exists()
