@@ -32,14 +32,12 @@ def docs_table() -> dict[str, dict[str, str]]:
     return rows
 
 
-def flat(data: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in data.items():
-        if isinstance(v, dict) and v:
-            out.update(flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
+def flat(data: dict) -> dict:
+    """{dotted key: value}, as the experiment compares configs."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from experiment import _flat
+
+    return _flat(data)
 
 
 def same(cell: str, value) -> bool:

@@ -18,7 +18,7 @@ engine memory) travel whole in the spec, so every caller serves its model the sa
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping
 
 from es_llm.backends.base import Backend
@@ -135,12 +135,12 @@ def make_backend(spec: BackendSpec) -> Backend:
     end-of-sequence token) and the choice."""
     check_device(spec.runtime.device)
     name = spec.choice()
-    if spec.tokenizer is not None:
-        check_tokenizer(spec.tokenizer, spec.model_path or "the model in memory")
-    else:
+    if spec.tokenizer is None:
         from transformers import AutoTokenizer
 
-        check_tokenizer(AutoTokenizer.from_pretrained(spec.model_path), spec.model_path)
+        # Loaded once: the hf and diffusion builders use it (vLLM loads its own).
+        spec = replace(spec, tokenizer=AutoTokenizer.from_pretrained(spec.model_path))
+    check_tokenizer(spec.tokenizer, spec.model_path or "the model in memory")
     return _BUILDERS.get(name)(spec)
 
 
