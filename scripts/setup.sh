@@ -43,7 +43,7 @@ else
     "$VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec || true
 fi
 "$VENV/bin/python" - <<'PY'
-import torch, transformers, mpi4py, math_verify, datasets, evotorch  # noqa: F401
+import torch, transformers, mpi4py, math_verify, datasets, evotorch, peft  # noqa: F401
 import transformers.models.qwen2.modeling_qwen2  # noqa: F401  (fails if torchvision is broken)
 print(f"[setup] torch {torch.__version__}, transformers {transformers.__version__}")
 PY
