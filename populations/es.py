@@ -29,6 +29,7 @@ from typing import Mapping
 import torch
 
 from populations.estimators import direction_coefficients
+from populations.evotorch_bridge import evotorch_names
 from populations.numbers import is_finite_number
 from populations.noise import NOISE_DEVICES, Member, NoiseFn, check_noise_device, population
 from populations.optimizers import OptimizerConfig, OptimizerState, make_optimizer
@@ -45,6 +46,11 @@ class ESConfig(OptimizerConfig):
     ``es`` section of an ES run's config as it is; validated on construction
     (``SettingError``, a ValueError naming the field)."""
 
+    # The search: es (this module's ES) or an evotorch algorithm (pgpe, snes, cem, cmaes)
+    # for parameter sets whose population fits in memory (an adapter, a few tensors); those
+    # take population, sigma (their initial stdev) and lr (PGPE's and SNES's centre learning
+    # rate) and bring their own sampling, ranking and update.
+    algorithm: str = choice("es", lambda: ["es", *evotorch_names()])
     # Population size N (members per iteration; the rows of rewards_N_P); even when
     # antithetic.
     population: int = 30
@@ -80,6 +86,9 @@ class ESConfig(OptimizerConfig):
             raise SettingError("sigma", f"sigma must be a positive number, got {self.sigma!r}")
         if not isinstance(self.rank, int) or isinstance(self.rank, bool) or self.rank < 1:
             raise SettingError("rank", f"rank must be an int >= 1, got {self.rank!r}")
+        if self.algorithm == "pgpe" and self.population % 2:
+            raise SettingError("population", f"algorithm pgpe samples symmetric pairs and "
+                                             f"needs an even population, got {self.population}")
         if self.shaping == "pair_diff" and not self.antithetic:
             raise SettingError("shaping", "shaping pair_diff needs antithetic pairs "
                                           "(antithetic=true)")

@@ -1,26 +1,28 @@
-"""Run an evotorch (0.6.x) distribution-based search on a small flat vector, as a reference.
+"""evotorch's (0.6.x) distribution-based searches over a flat parameter vector: PGPE, SNES,
+CEM and CMA-ES.
 
-evotorch keeps whole solution vectors (``solution_length``), so it cannot hold LLM-sized
-members; it serves here as an independent implementation to test this package's ES against
-on toy objectives, and for quick experiments on small parameter vectors.
-
-    result = run_evotorch("pgpe", f, theta0_D, steps=200, popsize=50, stdev=0.1, lr=0.05)
-
-``f(theta_D) -> float`` is *maximised*. evotorch is imported only when a search runs. The
-search draws from a generator owned by evotorch's ``Problem`` (seeded with ``seed``), so
-torch's global RNG is left alone and equal arguments give equal results.
+evotorch keeps whole solution vectors (``solution_length`` D): a population of N members is
+an (N, D) array, and CMA-ES adds D x D matrices. That rules out LLM-sized parameter sets but
+fits an adapter or a few selected tensors, where ``es-llm es`` runs them with
+``es.algorithm`` (``es_llm/es/evotorch_loop.py``; ``search_bytes`` is the memory it checks
+first). They also serve as an independent implementation to test this package's own ES
+against on toy objectives (``tests/test_populations_es.py``). Fitness is *maximised*.
+evotorch is imported only when a search is built.
+Every search draws from a generator owned by evotorch's ``Problem`` (seeded with ``seed``),
+so torch's global RNG is left alone and equal arguments, and equal fitnesses, give equal
+searches: which is what lets MPI ranks that each hold the search sample the same population
+and apply the same update from gathered fitnesses.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 import torch
 
 from populations.registry import Registry
-
-_BUILDERS: Registry[Callable[["SearchSetup"], Any]] = Registry("evotorch algorithm")
 
 
 @dataclass(frozen=True)
@@ -35,32 +37,37 @@ class SearchSetup:
     popsize: int
     # Initial standard deviation of the search distribution (every coordinate).
     stdev: float
-    # Centre learning rate; None = the algorithm's default (ignored by cem).
+    # Centre learning rate; None = the algorithm's default (ignored by cem and cmaes).
     lr: float | None
     # Extra keyword arguments for the evotorch class; they override the builder's choices.
     options: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
-class SearchResult:
-    """Final centre and best solution seen, their fitness, and the per-generation mean."""
+class Algorithm:
+    """A registered evotorch algorithm: its builder and the D x D matrices it keeps."""
 
-    center_D: torch.Tensor
-    center_fitness: float
-    best_D: torch.Tensor
-    best_fitness: float
-    mean_fitness: tuple[float, ...]
+    build: Callable[[SearchSetup], Any]
+    square_matrices: int = 0
 
 
-def register_evotorch(name: str):
-    """Decorator registering ``build(setup: SearchSetup) -> evotorch SearchAlgorithm``."""
+_ALGORITHMS: Registry[Algorithm] = Registry("evotorch algorithm")
 
-    return _BUILDERS.register(name)
+
+def register_evotorch(name: str, square_matrices: int = 0):
+    """Decorator registering ``build(setup: SearchSetup) -> evotorch SearchAlgorithm``;
+    ``square_matrices``: how many D x D arrays the algorithm holds (for ``search_bytes``)."""
+
+    def decorator(build):
+        _ALGORITHMS.register(name)(Algorithm(build, square_matrices))
+        return build
+
+    return decorator
 
 
 def evotorch_names() -> list[str]:
     """The registered algorithm names, sorted."""
-    return _BUILDERS.names()
+    return _ALGORITHMS.names()
 
 
 @register_evotorch("pgpe")
@@ -97,36 +104,52 @@ def _cem(s: SearchSetup):
     return CEM(s.problem, **{**kwargs, **s.options})
 
 
-def run_evotorch(algorithm: str, f: Callable[[torch.Tensor], float], theta0_D: torch.Tensor,
-                 *, steps: int, popsize: int = 50, stdev: float = 0.1, lr: float | None = None,
-                 seed: int = 0, options: Mapping[str, Any] | None = None) -> SearchResult:
-    """Maximise ``f`` from ``theta0_D`` (shape ``(D,)``, float32 or float64) for ``steps``
-    generations of evotorch's ``algorithm``; ``f`` receives a plain CPU tensor of shape (D,).
+@register_evotorch("cmaes", square_matrices=3)
+def _cmaes(s: SearchSetup):
+    """CMA-ES (Hansen & Ostermeier 2001) with evotorch's defaults (active, step-size
+    adaptation): a full D x D covariance, with its eigenvectors and one more matrix of
+    working space (so only small D)."""
+    from evotorch.algorithms import CMAES
 
-    Raises ValueError naming the valid algorithms if ``algorithm`` is unknown.
+    kwargs = dict(popsize=s.popsize, center_init=s.center_D, stdev_init=s.stdev)
+    return CMAES(s.problem, **{**kwargs, **s.options})
+
+
+def search_bytes(algorithm: str, dimension: int, popsize: int, itemsize: int = 4) -> int:
+    """About how many bytes a search of ``algorithm`` over ``dimension`` parameters holds:
+    three (popsize, D) arrays (the sampled values, the population's own copy, the
+    algorithm's per-sample working array) and its D x D matrices, in ``itemsize``-byte
+    numbers. ValueError naming the valid algorithms if ``algorithm`` is unknown."""
+    square = _ALGORITHMS.get(algorithm).square_matrices
+    return itemsize * (3 * popsize * dimension + square * dimension * dimension)
+
+
+def make_search(algorithm: str, evaluate_N: Callable[[torch.Tensor], torch.Tensor],
+                center_D: torch.Tensor, *, popsize: int, stdev: float, lr: float | None,
+                seed: int, options: Mapping[str, Any] | None = None):
+    """An evotorch search of ``algorithm`` from ``center_D`` (1-D float tensor), maximising
+    ``evaluate_N(values_N_D) -> fitness_N``: called once per ``search.step()`` with the
+    whole sampled population (a read-only (N, D) tensor) and returning one fitness per row.
+
+    ValueError naming the valid algorithms if ``algorithm`` is unknown.
     """
-    build = _BUILDERS.get(algorithm)
-    if theta0_D.dim() != 1 or not theta0_D.is_floating_point():
-        raise ValueError(f"theta0_D must be a 1-D float tensor, got {theta0_D.dtype} of shape "
-                         f"{tuple(theta0_D.shape)}")
-    if steps < 1:
-        raise ValueError(f"steps must be >= 1, got {steps}")
+    build = _ALGORITHMS.get(algorithm).build
+    if center_D.dim() != 1 or not center_D.is_floating_point():
+        raise ValueError(f"center_D must be a 1-D float tensor, got {center_D.dtype} of shape "
+                         f"{tuple(center_D.shape)}")
     from evotorch import Problem
 
-    def fitness(x) -> float:
-        # evotorch hands out read-only views; give the user an ordinary tensor they own.
-        return float(f(torch.tensor(x.tolist(), dtype=theta0_D.dtype)))
+    # evotorch announces every Problem's dtype and device at INFO level.
+    logging.getLogger("evotorch").setLevel(logging.WARNING)
+    # initial_bounds only fill the placeholder batch CMA-ES allocates before its first
+    # sample; every search here starts from center_D.
+    problem = Problem("max", evaluate_N, solution_length=center_D.numel(),
+                      dtype=center_D.dtype, seed=seed, vectorized=True,
+                      initial_bounds=(-1.0, 1.0))
+    return build(SearchSetup(problem, center_D.detach().cpu(), popsize, stdev, lr,
+                             dict(options or {})))
 
-    problem = Problem("max", fitness, solution_length=theta0_D.numel(), dtype=theta0_D.dtype,
-                      seed=seed)
-    search = build(SearchSetup(problem, theta0_D.detach().cpu(), popsize, stdev,
-                                              lr, dict(options or {})))
-    history = []
-    for _ in range(steps):
-        search.step()
-        history.append(float(search.status["mean_eval"]))
-    status = search.status
-    center = torch.tensor(status["center"].tolist(), dtype=theta0_D.dtype)
-    best = torch.tensor(status["best"].values.tolist(), dtype=theta0_D.dtype)
-    return SearchResult(center, float(f(center.clone())), best, float(status["best_eval"]),
-                        tuple(history))
+
+def search_center(search) -> torch.Tensor:
+    """The centre of ``search``'s distribution, as an ordinary (writable) tensor of shape (D,)."""
+    return torch.tensor(search.status["center"].tolist(), dtype=search.problem.dtype)

@@ -68,7 +68,9 @@ def run(args, cfg) -> None:
 
 def _rank(args, cfg, comm, out: Path) -> None:
     """One rank's part of `es-llm es`: its edges, the run folder, the loop."""
+    from es_llm.es.engine import OWN_ES
     from es_llm.es.engine import run as run_es
+    from es_llm.es.evotorch_loop import EVOTORCH
     from es_llm.es.setup import build_edges
 
     if comm.size > 1:
@@ -81,6 +83,10 @@ def _rank(args, cfg, comm, out: Path) -> None:
     sigmas = probe_sigmas(args.probe_sigma) if args.probe_sigma else None
     if sigmas and args.resume:
         raise BadInput("--probe-sigma evaluates a new run's first population; drop --resume.")
+    if sigmas and cfg.es.algorithm != "es":
+        raise BadInput(f"--probe-sigma measures the mirrored pairs of es-llm's own ES; "
+                       f"es.algorithm={cfg.es.algorithm} samples its own population. Drop "
+                       f"--probe-sigma or set es.algorithm=es.")
     edges, problems = build_edges(cfg, comm)
     try:
         if sigmas:
@@ -90,7 +96,8 @@ def _rank(args, cfg, comm, out: Path) -> None:
         comm.barrier()
         args.log.attach(out, comm.rank)
         run_es(cfg, edges, problems, out, progress=not args.no_progress,
-               resume=bool(args.resume))
+               resume=bool(args.resume),
+               search=EVOTORCH if cfg.es.algorithm != "es" else OWN_ES)
     finally:
         edges.task.close()
 

@@ -96,6 +96,12 @@ class ESRunConfig:
 
     def _check_engine(self) -> None:
         """The engine's serving mode against the population's settings."""
+        if self.es.algorithm != "es" and (self.es.kind != "full" or self.engine.serve != "weights"):
+            raise BadInput(f"es.algorithm={self.es.algorithm} samples explicit members (evotorch "
+                           f"holds the population), written as weights: set es.kind=full and "
+                           f"engine.serve=weights (got es.kind={self.es.kind}, engine.serve="
+                           f"{self.engine.serve}); low-rank and row-served populations are "
+                           f"es.algorithm=es.")
         if self.engine.serve == "rows" and self.es.kind != "lowrank":
             raise BadInput("engine.serve=rows needs es.kind=lowrank (full-rank members cannot "
                            "be added per row); use engine.serve=weights.")

@@ -16,6 +16,7 @@ import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 from tqdm.auto import tqdm
@@ -132,24 +133,42 @@ def _row_served(edges: Edges, state: pes.ESState, mine, batch, assigned, params,
             at += len(ps)
 
 
-def evaluate_members(edges: Edges, state: pes.ESState, members, batch: list[Problem],
-                     cfg: ESRunConfig) -> dict[int, tuple]:
-    """What each member this rank owns (``owned_members``) scored: ``{index: (rewards per
-    prompt, correct count, well-formed count, digest of its texts, count of texts too long
-    to score)}``. The digest lets rank 0 tell whether a mirrored pair generated identical
-    texts without sending them."""
-    params = SamplingParams(n=1, temperature=0.0, max_tokens=cfg.max_tokens, seed=cfg.seed)
-    assigned = member_prompts(members, len(batch), cfg.engine.prompts_per_member)
-    mine = owned_members(members, edges.comm.rank, edges.comm.size)
-    serve = _row_served if edges.rows is not None else _weight_written
+def member_sampling(cfg: ESRunConfig) -> SamplingParams:
+    """How every member generates: greedy, one completion of at most ``max_tokens``."""
+    return SamplingParams(n=1, temperature=0.0, max_tokens=cfg.max_tokens, seed=cfg.seed)
+
+
+def score_served(edges: Edges, served) -> dict[int, tuple]:
+    """Score what ``served`` yields, ``(member, problems, texts)`` per member: ``{index:
+    (rewards per prompt, correct count, well-formed count, digest of its texts, count of
+    texts too long to score)}``. The digest lets rank 0 tell whether a mirrored pair
+    generated identical texts without sending them."""
     out = {}
-    for m, problems, texts in serve(edges, state, mine, batch, assigned, params, cfg):
+    for m, problems, texts in served:
         scores = edges.task.score_many(list(zip(problems, texts)))
         digest = hashlib.blake2b("\x1f".join(texts).encode(), digest_size=8).hexdigest()
         out[m.index] = ([s.reward for s in scores], sum(s.correct for s in scores),
                         sum(s.format_ok for s in scores), digest,
                         sum(s.too_long for s in scores))
     return out
+
+
+def evaluate_members(edges: Edges, state: pes.ESState, members, batch: list[Problem],
+                     cfg: ESRunConfig) -> dict[int, tuple]:
+    """What each member this rank owns (``owned_members``) scored (see ``score_served``)."""
+    assigned = member_prompts(members, len(batch), cfg.engine.prompts_per_member)
+    mine = owned_members(members, edges.comm.rank, edges.comm.size)
+    serve = _row_served if edges.rows is not None else _weight_written
+    return score_served(edges, serve(edges, state, mine, batch, assigned, member_sampling(cfg),
+                                     cfg))
+
+
+def gather(comm, mine: dict) -> dict:
+    """Every rank's ``{member index: scores}`` merged: the only exchange of an iteration."""
+    gathered: dict[int, tuple] = {}
+    for part in comm.allgather(mine):
+        gathered.update(part)
+    return gathered
 
 
 def pair_diagnostics(members, gathered: dict[int, tuple]) -> dict[str, float]:
@@ -178,10 +197,7 @@ def step(edges: Edges, state: pes.ESState, problems: list[Problem], cfg: ESRunCo
     except NonFinite:
         raise Diverged("next-token logits", "es/logits", math.nan, iteration > 0) from None
     t_eval = time.perf_counter() - t0
-    # The only communication of an iteration: each rank's {member: rewards and counts}.
-    gathered: dict[int, tuple] = {}
-    for part in edges.comm.allgather(mine):
-        gathered.update(part)
+    gathered = gather(edges.comm, mine)
     rewards_N_P = torch.tensor([gathered[n][0] for n in range(len(members))],
                                dtype=torch.float64)
     assigned = member_prompts(members, len(batch), cfg.engine.prompts_per_member)
@@ -239,9 +255,7 @@ def probe_sigma(edges: Edges, cfg: ESRunConfig, problems: list[Problem],
         state = pes.init(at.es, edges.weights.master, at.seed)
         members = pes.ask(at.es, state)
         batch = prompt_batch(problems, at, 0)
-        gathered: dict[int, tuple] = {}
-        for part in edges.comm.allgather(evaluate_members(edges, state, members, batch, at)):
-            gathered.update(part)
+        gathered = gather(edges.comm, evaluate_members(edges, state, members, batch, at))
         fitness = [sum(gathered[n][0]) / len(gathered[n][0]) for n in range(len(members))]
         rows.append({"sigma": sigma, "reward_mean": sum(fitness) / len(fitness),
                      **{k.removeprefix("es/"): v
@@ -305,15 +319,39 @@ def _open_logs(out: Path, start: int, resume: str):
     return AppendLog(out / "metrics.jsonl", resume), AppendLog(out / "ledger.jsonl", resume)
 
 
+@dataclass(frozen=True)
+class Search:
+    """How a run's weights move, as three functions over a state that has ``iteration``
+    and ``params`` (the fp32 tensors the served weights are set to): its start, one
+    iteration (``(state, metrics, ledger entry)``) and the replay of a ledger."""
+
+    init: Callable[[ESRunConfig, Edges], object]
+    step: Callable[[Edges, object, list[Problem], ESRunConfig], tuple]
+    replay: Callable[[ESRunConfig, object, list[dict]], object]
+
+
+def _own_init(cfg: ESRunConfig, edges: Edges) -> pes.ESState:
+    return pes.init(cfg.es, edges.weights.master, cfg.seed)
+
+
+def _own_replay(cfg: ESRunConfig, state: pes.ESState, entries: list[dict]) -> pes.ESState:
+    return replay(cfg.es, state, entries)
+
+
+# es-llm's own ES (es.algorithm=es): keyed noise, only seeds and rewards on the wire.
+OWN_ES = Search(_own_init, step, _own_replay)
+
+
 def run(cfg: ESRunConfig, edges: Edges, problems: list[Problem], out: Path,
-        progress: bool = True, resume: bool = False):
-    """Run ES up to ``cfg.iterations``; rank 0 writes the run folder. With ``resume`` the
-    ledger in ``out`` is replayed first and the run continues after its last iteration."""
+        progress: bool = True, resume: bool = False, search: Search = OWN_ES):
+    """Run ``search`` up to ``cfg.iterations``; rank 0 writes the run folder. With
+    ``resume`` the ledger in ``out`` is replayed first and the run continues after its last
+    iteration."""
     lead = edges.comm.rank == 0
     check_start(edges.weights.master.items(), cfg.model)
-    state = pes.init(cfg.es, edges.weights.master, cfg.seed)
+    state = search.init(cfg, edges)
     if resume:
-        state = replay(cfg.es, state, read_ledger(out))
+        state = search.replay(cfg, state, read_ledger(out))
         edges.weights.set_master(state.params)
     edges.comm.barrier()  # every rank has read the ledger before rank 0 rewrites it
     again = f"es-llm es --resume {out}"
@@ -327,7 +365,7 @@ def run(cfg: ESRunConfig, edges: Edges, problems: list[Problem], out: Path,
     said_too_long = False
     for it in bar:
         try:
-            state, metrics, ledger = step(edges, state, problems, cfg)
+            state, metrics, ledger = search.step(edges, state, problems, cfg)
         except Diverged as exc:
             # Every rank computes the same update, so every rank stops here together; the
             # ledger ends at the last finite iteration, which --resume rebuilds.

@@ -12,6 +12,7 @@ from es_llm.comm.placement import place_rank
 from es_llm.errors import BadInput
 from es_llm.es.config import ESRunConfig
 from es_llm.es.engine import Edges
+from es_llm.es.evotorch_loop import check_search_fits
 from es_llm.es.weights import ModuleWeights, select_parameters
 from es_llm.models import check_model_path
 from es_llm.runtime import check_context
@@ -51,6 +52,10 @@ def build_edges(cfg: ESRunConfig, comm) -> tuple[Edges, list]:
     if cfg.es.kind == "lowrank":
         check_lowrank_rank(model, names, cfg.es.rank)
     weights = ModuleWeights(model, names)
+    if cfg.es.algorithm != "es":
+        # Before the engine starts and before anything is written: a search that cannot
+        # fit is refused with its size.
+        check_search_fits(cfg, weights.master)
     # hf and diffusion decode with this very module, so a member's weights written into it
     # are what they sample; vLLM gets them through its worker extension.
     backend = make_backend(replace(spec, model=model, tokenizer=tokenizer))
