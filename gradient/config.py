@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from es_llm.adapters import LoraSettings
 from es_llm.config import check_choices, choice
 from es_llm.errors import BadInput
 from es_llm.runtime import Runtime
@@ -359,6 +360,9 @@ class GRPORunConfig:
     rollout: RolloutSettings = field(default_factory=RolloutSettings)
     algo: AlgoSettings = field(default_factory=AlgoSettings)
     optim: OptimSettings = field(default_factory=OptimSettings)
+    # Train a LoRA adapter (PEFT) instead of every weight: the optimizer sees the adapter
+    # only, checkpoints hold the merged model plus adapter/ (causal LMs only).
+    lora: LoraSettings = field(default_factory=LoraSettings)
 
     def __post_init__(self):
         check_choices(self)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from es_llm.adapters import LoraSettings
 from es_llm.backends import BackendSpec, check_device, choose_backend, make_backend
 from es_llm.backends.diffusion import is_diffusion_model, saved_sampling
 from es_llm.errors import BadInput
@@ -19,6 +20,7 @@ from es_llm.tasks.chat import render_prompts
 from gradient.config import GRPORunConfig
 from gradient.distill.methods import method_spec
 from gradient.loop.batch import Rollout
+from gradient.loop.adapter import adapt, policy_weights, trainable
 from gradient.loop.precision import Precision, load_policy
 from gradient.loop.state import Edges, TrainerState
 from gradient.maths.adaprefix import PrefixState
@@ -140,6 +142,10 @@ def _check_estimator(cfg: GRPORunConfig) -> bool:
         raise BadInput(f"{cfg.model} is {kind}, but algo.dllm.estimator is {name!r}; valid "
                        f"estimators for it are: {', '.join(valid)} (see configs/dllm_*.yaml).")
     choose_backend(cfg.backend, cfg.model)  # refuses a sampler that cannot serve the model
+    if diffusion and cfg.lora.enabled:
+        raise BadInput(f"{cfg.model} is a masked-diffusion model; lora.enabled trains "
+                       f"adapters of causal LMs only (the diffusion estimators and sampler "
+                       f"read the model's own weights). Set lora.enabled=false.")
     if diffusion:
         if cfg.rollout.top_p < 1:
             raise BadInput("the diffusion sampler samples with temperature only; set "
@@ -152,9 +158,11 @@ def _check_estimator(cfg: GRPORunConfig) -> bool:
     return diffusion
 
 
-def push_policy(backend, model) -> None:
-    """After an update: the policy's weights into the vLLM engine that samples the rollouts."""
-    backend.push_weights({n: p.detach() for n, p in model.named_parameters()})
+def push_policy(backend, model, lora: LoraSettings) -> None:
+    """After an update: the policy's weights into the vLLM engine that samples the rollouts
+    (with an adapter, the merged weights: vLLM's own LoRA serving on the CPU strays further
+    from the trainer's log-probs, see tests/vllm_lora_check.py)."""
+    backend.push_weights(policy_weights(model, lora))
 
 
 def policy_sampler(cfg: GRPORunConfig, start: str, model, tokenizer, diffusion: bool
@@ -193,8 +201,12 @@ def build(cfg: GRPORunConfig, resume_from: Path | None = None):
     if not diffusion:
         check_context(cfg.model, tokenizer, [p.prompt for p in problems], cfg.rollout.max_tokens,
                       cfg.runtime, where="rollout.max_tokens")
-    model = load_policy(model_class, start, cfg.runtime)
+    # With an adapter the base is always cfg.model: a checkpoint holds the merged weights.
+    model = load_policy(model_class, cfg.model if cfg.lora.enabled else start, cfg.runtime)
     check_start(model.named_parameters(), start)
+    if cfg.lora.enabled:
+        model = adapt(model, cfg.lora, cfg.seed, resume_from,
+                      cfg.runtime.gradient_checkpointing)
     ref = None
     if cfg.algo.kl.coef > 0:
         ref_path = cfg.algo.kl.ref_model or cfg.model
@@ -205,7 +217,7 @@ def build(cfg: GRPORunConfig, resume_from: Path | None = None):
         ref = ref.to(cfg.runtime.device)
         ref.requires_grad_(False)
     teachers = _distill_models(cfg, tokenizer, problems, model_class)
-    optimizer = cfg.optim.adamw(model.parameters())
+    optimizer = cfg.optim.adamw(trainable(model))
     state = TrainerState()
     precision = Precision(cfg.runtime)
     if cfg.algo.prefix.enabled:
@@ -227,7 +239,7 @@ def build(cfg: GRPORunConfig, resume_from: Path | None = None):
             state.replay.load_state_dict({**saved["replay"], "items": items})
     backend = make_backend(policy_sampler(cfg, start, model, tokenizer, diffusion))
     # The HF and diffusion samplers decode with the policy itself: no weight sync.
-    sync = partial(push_policy, backend, model) if backend.name == "vllm" else None
+    sync = partial(push_policy, backend, model, cfg.lora) if backend.name == "vllm" else None
     recovered = (load_recovered(cfg.algo.recovered.data, task, problems, tokenizer)
                  if cfg.algo.recovered.data else {})
     edges = Edges(model=model, tokenizer=tokenizer, backend=backend, task=task,
