@@ -3,9 +3,9 @@ adapter alone is trained (``es_llm.adapters`` holds the adapter's maths and file
 
 The base weights stay the float32 ones of ``cfg.model``, frozen; the adapter's factors start
 from ``init_factors`` with a seed derived from the run's, or, on resume, from the
-checkpoint's ``adapter/``. What leaves the trainer is the merged model ``W + (alpha / r) B A``
-computed in float32: the checkpoint folder's weights (so transformers, vLLM and ``es-llm
-eval`` read it as any model) and the weights pushed into a vLLM rollout engine.
+checkpoint's ``adapter/``. A checkpoint folder's weights are the merged model ``W + (alpha /
+r) B A`` computed in float32, so transformers, vLLM and ``es-llm eval`` read it as any model;
+a vLLM rollout engine holds the base and serves the adapter (``setup.serve_policy_adapter``).
 """
 
 from __future__ import annotations
@@ -39,14 +39,6 @@ def trainable(model: torch.nn.Module) -> list[torch.nn.Parameter]:
     """The parameters the optimizer updates: all of a plain policy, the adapter's of a PEFT
     one (its base is frozen)."""
     return [p for p in model.parameters() if p.requires_grad]
-
-
-def policy_weights(model: torch.nn.Module, lora: LoraSettings) -> dict[str, torch.Tensor]:
-    """The policy's HF-named weights as a sampler serves them: the parameters themselves, or
-    with an adapter the merged float32 weights (the engine casts them to its dtype)."""
-    if lora.enabled:
-        return merged_parameters(model, lora)
-    return {n: p.detach() for n, p in model.named_parameters()}
 
 
 def save_policy(model: torch.nn.Module, tokenizer, folder: Path, lora: LoraSettings,

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import torch
 
-from es_llm.adapters import LoraSettings
-from es_llm.backends import BackendSpec, check_device, choose_backend, make_backend
+from es_llm.adapters import LoraSettings, peft_factors
+from es_llm.backends import (BackendSpec, check_device, choose_backend, lora_engine_args,
+                             make_backend)
 from es_llm.backends.diffusion import is_diffusion_model, saved_sampling
 from es_llm.errors import BadInput
 from es_llm.finite import check_start
@@ -19,8 +20,8 @@ from es_llm.tasks import build_task
 from es_llm.tasks.chat import render_prompts
 from gradient.config import GRPORunConfig
 from gradient.distill.methods import method_spec
+from gradient.loop.adapter import adapt, trainable
 from gradient.loop.batch import Rollout
-from gradient.loop.adapter import adapt, policy_weights, trainable
 from gradient.loop.precision import Precision, load_policy
 from gradient.loop.state import Edges, TrainerState
 from gradient.maths.adaprefix import PrefixState
@@ -158,22 +159,33 @@ def _check_estimator(cfg: GRPORunConfig) -> bool:
     return diffusion
 
 
-def push_policy(backend, model, lora: LoraSettings) -> None:
-    """After an update: the policy's weights into the vLLM engine that samples the rollouts
-    (with an adapter, the merged weights: vLLM's own LoRA serving on the CPU strays further
-    from the trainer's log-probs, see tests/vllm_lora_check.py)."""
-    backend.push_weights(policy_weights(model, lora))
+def push_policy(backend, model) -> None:
+    """After an update: the policy's weights into the vLLM engine that samples the rollouts."""
+    backend.push_weights({n: p.detach() for n, p in model.named_parameters()})
+
+
+def serve_policy_adapter(backend, model, lora: LoraSettings, base_model: str) -> None:
+    """With ``lora``: the policy's adapter to the vLLM engine, which holds the base and
+    serves the adapter with its own LoRA layers. Closer to the trainer's log-probs than
+    merged weights pushed into the engine (measured by tests/vllm_lora_check.py): the
+    engine computes ``W x + s B (A x)`` as the PEFT policy does."""
+    backend.serve_adapter(peft_factors(model), lora, base_model)
 
 
 def policy_sampler(cfg: GRPORunConfig, start: str, model, tokenizer, diffusion: bool
                    ) -> BackendSpec:
     """What samples the rollouts: the policy itself (hf, or the diffusion sampler with the
     model's saved settings, one micro-batch per call), or a vLLM engine loaded from
-    ``start`` that the trainer pushes the policy into after each update. Log-probs are the
-    sampler's processed ones, those an importance ratio at the rollout temperature needs."""
-    return BackendSpec(start, backend=cfg.backend, runtime=cfg.runtime, seed=cfg.seed,
-                       model=model, tokenizer=tokenizer, weights="pushed",
-                       logprobs_mode="processed",
+    ``start`` that the trainer pushes the policy into after each update; with ``lora`` an
+    engine loaded from the base ``cfg.model`` that serves the policy's adapter. Log-probs
+    are the sampler's processed ones, those an importance ratio at the rollout temperature
+    needs."""
+    lora = cfg.lora.enabled
+    served = lora and choose_backend(cfg.backend, cfg.model) == "vllm"
+    return BackendSpec(cfg.model if lora else start, backend=cfg.backend, runtime=cfg.runtime,
+                       seed=cfg.seed, model=model, tokenizer=tokenizer,
+                       weights="fixed" if lora else "pushed", logprobs_mode="processed",
+                       engine_args=lora_engine_args(cfg.lora.rank) if served else None,
                        batch_size=cfg.micro_batch if diffusion else None,
                        diffusion_sampling=saved_sampling(cfg.model) if diffusion else None,
                        record_states=records_states(cfg))
@@ -239,7 +251,12 @@ def build(cfg: GRPORunConfig, resume_from: Path | None = None):
             state.replay.load_state_dict({**saved["replay"], "items": items})
     backend = make_backend(policy_sampler(cfg, start, model, tokenizer, diffusion))
     # The HF and diffusion samplers decode with the policy itself: no weight sync.
-    sync = partial(push_policy, backend, model, cfg.lora) if backend.name == "vllm" else None
+    sync = None
+    if backend.name == "vllm":
+        sync = (partial(serve_policy_adapter, backend, model, cfg.lora, cfg.model)
+                if cfg.lora.enabled else partial(push_policy, backend, model))
+        if cfg.lora.enabled:
+            sync()  # the engine holds the base: it samples with the adapter from step 0
     recovered = (load_recovered(cfg.algo.recovered.data, task, problems, tokenizer)
                  if cfg.algo.recovered.data else {})
     edges = Edges(model=model, tokenizer=tokenizer, backend=backend, task=task,
