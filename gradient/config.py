@@ -369,6 +369,11 @@ class GRPORunConfig:
         for name in ("steps", "checkpoint_every", "micro_batch"):
             if getattr(self, name) < 1:
                 raise BadInput(f"{name} must be at least 1, got {getattr(self, name)}.")
+        if self.lora.enabled and self.lora.dropout > 0:
+            raise BadInput(f"lora.dropout={self.lora.dropout} would make the trainer's "
+                           f"log-probs differ from the sampler's at every token (the policy "
+                           f"is scored without dropout, as it samples); set lora.dropout=0 "
+                           f"(SFT is where it applies).")
         batch = self.rollout.prompts_per_step * self.rollout.group_size
         if batch % self.algo.mini_batches:
             raise BadInput(f"algo.mini_batches ({self.algo.mini_batches}) must divide the "

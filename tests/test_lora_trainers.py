@@ -274,6 +274,7 @@ def test_opd_with_lora_trains_the_adapter(ci_testbed, tmp_path):
     ("lora.target_modules=[nope_proj]", "has no linear layer called"),
     ("lora.rank=0", "lora.rank must be an integer >= 1"),
     ("lora.rank=100000", "is above the rank of"),
+    ("lora.dropout=0.1", "set lora.dropout=0"),
 ])
 def test_bad_lora_input_exits_2_and_writes_nothing(ci_testbed, tmp_path, capsys, override,
                                                    message):

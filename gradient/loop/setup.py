@@ -214,8 +214,9 @@ def build(cfg: GRPORunConfig, resume_from: Path | None = None):
         check_context(cfg.model, tokenizer, [p.prompt for p in problems], cfg.rollout.max_tokens,
                       cfg.runtime, where="rollout.max_tokens")
     # With an adapter the base is always cfg.model: a checkpoint holds the merged weights.
-    model = load_policy(model_class, cfg.model if cfg.lora.enabled else start, cfg.runtime)
-    check_start(model.named_parameters(), start)
+    policy_path = cfg.model if cfg.lora.enabled else start
+    model = load_policy(model_class, policy_path, cfg.runtime)
+    check_start(model.named_parameters(), policy_path)
     if cfg.lora.enabled:
         model = adapt(model, cfg.lora, cfg.seed, resume_from,
                       cfg.runtime.gradient_checkpointing)
