@@ -139,6 +139,8 @@ def test_hf_rollout_logprobs_match_the_trainers_with_a_trained_adapter(ci_testbe
     for i, (_, c) in enumerate(rows):
         engine_B_T[i, :len(c.logprobs)] = torch.tensor(c.logprobs)
     diff = (e.logp_B_T - engine_B_T).abs() * e.mask_B_T
+    print({"tokens": float(e.mask_B_T.sum()), "max": float(diff.max()),
+           "mean": float(diff.sum() / e.mask_B_T.sum())})
     assert float(e.mask_B_T.sum()) > 200
     assert float(diff.max()) < 1e-4, float(diff.max())
 
