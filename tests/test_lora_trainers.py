@@ -272,6 +272,27 @@ def test_opd_with_lora_trains_the_adapter(ci_testbed, tmp_path):
     assert any(float(t.abs().max()) > 0 for n, t in adapter.items() if "lora_B" in n)
 
 
+@pytest.mark.slow
+def test_opd_with_lora_lowers_the_students_exact_kl_to_the_teacher(ci_testbed, tmp_path):
+    """The teacher is the student with seeded noise on its weights (as in
+    test_grpo_trainer's OPD direction test); an adapter on every linear layer moves the
+    student's exact reverse KL to it, on fixed greedy sequences, down."""
+    from test_grpo_trainer import _eval_prompts, _exact_kl, _greedy_sequences, _perturbed_copy
+
+    teacher = _perturbed_copy(ci_testbed, tmp_path / "teacher", 0.05)
+    out = tmp_path / "opd"
+    assert main(["opd", "--config", str(ROOT / "configs" / "opd_countdown_ci.yaml"), "--out",
+                 str(out), "--no-progress", f"model={ci_testbed}",
+                 f"algo.distill.teacher={teacher}", "steps=12", "rollout.max_tokens=32",
+                 "checkpoint_every=100", "optim.lr=3e-3", "lora.enabled=true", "lora.rank=8",
+                 "lora.alpha=16", "lora.target_modules=[all-linear]"]) == 0
+    sequences = _greedy_sequences(ci_testbed, _eval_prompts(ci_testbed))
+    before = _exact_kl(ci_testbed, teacher, sequences)
+    after = _exact_kl(out / "checkpoints" / "final", teacher, sequences)
+    print(before, after)
+    assert after < 0.9 * before, (before, after)
+
+
 @pytest.mark.parametrize("override,message", [
     ("lora.target_modules=[nope_proj]", "has no linear layer called"),
     ("lora.rank=0", "lora.rank must be an integer >= 1"),
