@@ -68,7 +68,7 @@ def test_a_lora_step_moves_only_the_adapter_and_saves_the_merged_model(ci_testbe
             torch.testing.assert_close(W.double(), merged[name], rtol=0, atol=1e-6)
         else:
             assert torch.equal(W, base[name]), name  # every other weight is the base's
-    # The trainer's frozen base weights stayed the base model's, bit for bit.
+    # AdamW kept state for the adapter alone.
     state = torch.load(folder / "trainer_state.pt", weights_only=False)
     n_adapter = sum(t.numel() for t in adapter.values())
     n_optim = sum(s["exp_avg"].numel() for s in state["optimizer"]["state"].values())
