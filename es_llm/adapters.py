@@ -163,3 +163,68 @@ def save_adapter(folder: Path, factors: Mapping[str, torch.Tensor], lora: LoraSe
     (folder / "adapter_config.json").write_text(json.dumps(config, indent=2, default=str) + "\n")
     save_file({f"base_model.model.{n}": t.detach().to("cpu", torch.float32).contiguous()
                for n, t in factors.items()}, str(folder / "adapter_model.safetensors"))
+
+
+def wrap_model(model: torch.nn.Module, lora: LoraSettings, seed: int):
+    """``model`` as a ``peft.PeftModel`` with a fresh adapter on ``target_linears``, its
+    factors those of ``init_factors(seed)`` (not PEFT's own draw from the global RNG), its
+    base weights frozen. The train/eval mode stays the model's (PEFT's wrapper switches it)."""
+    from peft import get_peft_model
+
+    targets = target_linears(model, lora)
+    factors = init_factors(targets, lora, seed)
+    training = model.training
+    wrapped = get_peft_model(model, peft_config(lora, list(targets)))
+    load_peft_factors(wrapped, factors)
+    return wrapped.train(training)
+
+
+def _peft_name(name: str) -> str:
+    """A PeftModel parameter's name without PEFT's prefix and adapter name:
+    ``base_model.model.<module>.lora_A.default.weight`` -> ``<module>.lora_A.weight``,
+    ``...<module>.base_layer.weight`` -> ``<module>.weight``."""
+    name = name.removeprefix("base_model.model.")
+    return name.replace(".default.", ".").replace(".base_layer.", ".")
+
+
+def peft_factors(model) -> dict[str, torch.Tensor]:
+    """The adapter's factors of a PeftModel, named as ``init_factors`` names them (the
+    model's own tensors, detached)."""
+    return {_peft_name(n): p.detach() for n, p in model.named_parameters() if ".lora_" in n}
+
+
+@torch.no_grad()
+def load_peft_factors(model, factors: Mapping[str, torch.Tensor]) -> None:
+    """Copy ``factors`` (``init_factors``' names) into a PeftModel's adapter; every factor
+    must be given, with its shape."""
+    own = {_peft_name(n): p for n, p in model.named_parameters() if ".lora_" in n}
+    if own.keys() != factors.keys():
+        missing = sorted(own.keys() ^ factors.keys())
+        raise BadInput(f"the adapter does not fit the model: factors {missing[:3]} are in one "
+                       f"but not the other (were lora.rank or lora.target_modules changed?).")
+    for name, p in own.items():
+        if p.shape != factors[name].shape:
+            raise BadInput(f"the adapter's {name} has shape {tuple(factors[name].shape)}, the "
+                           f"model's {tuple(p.shape)} (was lora.rank changed?).")
+        p.copy_(factors[name])
+
+
+def merged_parameters(model, lora: LoraSettings) -> dict[str, torch.Tensor]:
+    """The HF-named parameters of a PeftModel's merged model (``model.named_parameters()``
+    of the base, tied ones once), every adapted layer's weight ``W + scale B A`` in float32.
+    What a checkpoint saves and a rollout engine is given."""
+    params = {_peft_name(n): p.detach() for n, p in model.named_parameters()
+              if ".lora_" not in n}
+    return params | merged_tensors(params, peft_factors(model), lora)
+
+
+def read_adapter(folder: Path) -> dict[str, torch.Tensor]:
+    """The factors of an adapter ``save_adapter`` wrote to ``folder``, named as
+    ``init_factors`` names them."""
+    from safetensors.torch import load_file
+
+    path = Path(folder) / "adapter_model.safetensors"
+    if not path.is_file():
+        raise BadInput(f"{str(folder)!r} holds no LoRA adapter (adapter_model.safetensors); "
+                       f"resume a run that trained with lora.enabled=true.")
+    return {n.removeprefix("base_model.model."): t for n, t in load_file(str(path)).items()}

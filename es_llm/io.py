@@ -135,16 +135,17 @@ def complete_jsonl_rows(path: str | Path) -> list[dict]:
 
 
 def save_hf_checkpoint(model, tokenizer, folder: str | Path, data_from: str | Path | None = None,
-                       extra=None) -> None:
+                       extra=None, state_dict: dict | None = None) -> None:
     """An HF ``save_pretrained`` folder (safetensors + tokenizer), loadable by transformers
     and vLLM, written under a temporary name and renamed into place. A testbed model's
     held-out ``data/`` folder travels with it (``data_from``: the base model folder), so
     ``es-llm eval`` of a checkpoint finds its held-out set. ``extra(tmp_folder)`` may add
-    files (a trainer's optimizer state) before the rename."""
+    files (a trainer's optimizer state) before the rename. ``state_dict`` (HF names) is
+    saved instead of the model's own tensors (a LoRA trainer's merged weights)."""
     folder = Path(folder)
     tmp = folder.with_name(f".{folder.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
+    model.save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)
     tokenizer.save_pretrained(tmp)
     data = Path(data_from) / "data" if data_from is not None else None
     if data is not None and data.is_dir():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from es_llm.adapters import LoraSettings
 from es_llm.config import check_choices, choice
 from es_llm.errors import BadInput
 from es_llm.runtime import Runtime
@@ -359,12 +360,20 @@ class GRPORunConfig:
     rollout: RolloutSettings = field(default_factory=RolloutSettings)
     algo: AlgoSettings = field(default_factory=AlgoSettings)
     optim: OptimSettings = field(default_factory=OptimSettings)
+    # Train a LoRA adapter (PEFT) instead of every weight: the optimizer sees the adapter
+    # only, checkpoints hold the merged model plus adapter/ (causal LMs only).
+    lora: LoraSettings = field(default_factory=LoraSettings)
 
     def __post_init__(self):
         check_choices(self)
         for name in ("steps", "checkpoint_every", "micro_batch"):
             if getattr(self, name) < 1:
                 raise BadInput(f"{name} must be at least 1, got {getattr(self, name)}.")
+        if self.lora.enabled and self.lora.dropout > 0:
+            raise BadInput(f"lora.dropout={self.lora.dropout} would make the trainer's "
+                           f"log-probs differ from the sampler's at every token (the policy "
+                           f"is scored without dropout, as it samples); set lora.dropout=0 "
+                           f"(SFT is where it applies).")
         batch = self.rollout.prompts_per_step * self.rollout.group_size
         if batch % self.algo.mini_batches:
             raise BadInput(f"algo.mini_batches ({self.algo.mini_batches}) must divide the "

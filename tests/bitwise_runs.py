@@ -57,7 +57,8 @@ CASES = [
         ("dapo_countdown.yaml", ()), ("gspo_countdown.yaml", ()), ("gapo_countdown.yaml", ()),
         ("adaprefix_countdown.yaml", ("algo.prefix.withdraw_start=1",
                                       "algo.prefix.withdraw_end=2")),
-        ("replay_countdown.yaml", ("algo.replay.warmup_updates=1",))]],
+        ("replay_countdown.yaml", ("algo.replay.warmup_updates=1",)),
+        ("grpo_lora_countdown.yaml", ())]],
     *[Case(c, "opd", overrides=(*_GRPO, TEACHERS, *extra)) for c, extra in [
         ("opd_countdown.yaml", ()), ("opd_countdown_ci.yaml", ()), ("opd_ra_countdown.yaml", ()),
         ("opd_rstg_countdown.yaml", (SEVENS, "algo.distill.rstg.teacher_samples=2")),

@@ -48,6 +48,7 @@ def main() -> None:
     rows = [json.loads(x) for x in (Path(out) / "metrics.jsonl").read_text().splitlines()]
     print(json.dumps({"before": before, "after": after, "params_changed": moved,
                       "params": len(before_params),
+                      "adapter_params": sum(".lora_" in n for n in before_params),
                       "rewards": [r["reward/mean"] for r in rows],
                       "is_diff": [r.get("is/logp_abs_diff_mean") for r in rows]}))
     edges.task.close()

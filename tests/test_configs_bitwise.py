@@ -91,6 +91,9 @@ VARIANTS = {
     "adaprefix_countdown.yaml": ((), lambda rows, runs: rows[0]["prefix/fraction_mean"] > 0
                                  and rows[2]["prefix/fraction_mean"] == 0),
     "replay_countdown.yaml": ((), lambda rows, runs: rows[2]["replay/used"] > 0),
+    # The adapter alone trains: its B starts at zero, so any gradient reaches B first.
+    "grpo_lora_countdown.yaml": ((), lambda rows, runs: any(r["grad/grad_norm"] > 0
+                                                            for r in rows)),
 }
 
 

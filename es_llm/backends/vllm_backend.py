@@ -30,6 +30,18 @@ if TYPE_CHECKING:
 
 # Our logprobs modes and the engine argument each one sets.
 _ENGINE_LOGPROBS_MODE = {"raw": "raw_logprobs", "processed": "processed_logprobs"}
+# The adapter ranks vLLM 0.32 accepts as max_lora_rank; a smaller adapter is padded.
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def lora_engine_args(rank: int) -> dict:
+    """vLLM engine arguments that serve one LoRA adapter of rank ``rank`` at a time
+    (``VLLMBackend.serve_adapter``); BadInput above vLLM's largest rank."""
+    fits = [r for r in VLLM_LORA_RANKS if r >= rank]
+    if not fits:
+        raise BadInput(f"lora.rank={rank} is above the largest adapter rank vLLM serves "
+                       f"({VLLM_LORA_RANKS[-1]}); choose a smaller rank or backend=hf.")
+    return {"enable_lora": True, "max_loras": 1, "max_lora_rank": fits[0]}
 
 
 def vllm_available() -> bool:
@@ -125,7 +137,8 @@ class VLLMBackend:
     ``for_es=True`` is the ES set-up, shorthand for ``worker_extension=True,
     prefix_caching=False`` (an ES member's weights differ from the next member's while the
     prompts are the same, so cached prefixes would be stale at every step).
-    ``engine_args`` go to ``vllm.LLM`` as they are (e.g. ``enable_lora``).
+    ``engine_args`` go to ``vllm.LLM`` as they are (e.g. ``enable_lora``). An engine with
+    ``lora_engine_args`` samples with the adapter last given to ``serve_adapter``.
     """
 
     name = "vllm"
@@ -172,6 +185,11 @@ class VLLMBackend:
                 raise
             raise BadInput(kv_cache_message(model_path, runtime, str(exc))) from None
         self.tokenizer = self.llm.get_tokenizer()
+        # The adapter served (a vLLM LoRARequest; None: the engine's own weights), its
+        # version count and the temporary folder its files live in.
+        self.lora_request = None
+        self._adapter_versions = 0
+        self._adapter_dir = None
 
     def generate(self, prompts: Sequence[str | Sequence[int]], params: SamplingParams,
                  progress: bool = False, keys: Sequence[Hashable] | None = None
@@ -187,7 +205,8 @@ class VLLMBackend:
                       for seed in stream_seeds(params.seed, len(prompts), keys)]
         # Token-id prompts go in as they are (no re-tokenization that could merge tokens).
         inputs = [p if isinstance(p, str) else {"prompt_token_ids": list(p)} for p in prompts]
-        outputs = self.llm.generate(inputs, per_prompt, use_tqdm=progress)
+        outputs = self.llm.generate(inputs, per_prompt, use_tqdm=progress,
+                                    lora_request=self.lora_request)
         results = []
         for out in outputs:
             row = []
@@ -215,6 +234,31 @@ class VLLMBackend:
 
         push_hf_tensors(self.llm, tensors)
 
+    def serve_adapter(self, factors: dict[str, torch.Tensor], lora, base_model: str) -> None:
+        """Sample with this LoRA adapter from now on (``factors`` and ``lora``: as
+        ``es_llm.adapters.save_adapter`` takes them); needs an engine built with
+        ``lora_engine_args``. Each call is a new version under a new adapter id, so vLLM
+        loads it afresh instead of serving its cached copy of an older one; the previous
+        version's files are removed and the prefix cache is reset (as in ``push_weights``)."""
+        import shutil
+        import tempfile
+        from pathlib import Path
+
+        from vllm.lora.request import LoRARequest
+
+        from es_llm.adapters import save_adapter
+
+        if self._adapter_dir is None:
+            self._adapter_dir = tempfile.TemporaryDirectory(prefix="es-llm-adapter-")
+        self._adapter_versions += 1
+        folder = Path(self._adapter_dir.name) / f"v{self._adapter_versions}"
+        save_adapter(folder, factors, lora, base_model)
+        if self.lora_request is not None:
+            shutil.rmtree(self.lora_request.lora_path, ignore_errors=True)
+        self.lora_request = LoRARequest(f"adapter-v{self._adapter_versions}",
+                                        self._adapter_versions, str(folder))
+        self.llm.reset_prefix_cache()
+
     def prompt_token_ids(self, prompt: str) -> list[int]:
         """The ids the engine itself feeds the model for ``prompt``."""
         from vllm import SamplingParams as VSP
@@ -224,3 +268,5 @@ class VLLMBackend:
 
     def close(self) -> None:
         self.llm = None
+        if self._adapter_dir is not None:
+            self._adapter_dir.cleanup()

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import torch
 
-from es_llm.backends import BackendSpec, check_device, choose_backend, make_backend
+from es_llm.adapters import LoraSettings, peft_factors
+from es_llm.backends import (BackendSpec, check_device, choose_backend, lora_engine_args,
+                             make_backend)
 from es_llm.backends.diffusion import is_diffusion_model, saved_sampling
 from es_llm.errors import BadInput
 from es_llm.finite import check_start
@@ -18,6 +20,7 @@ from es_llm.tasks import build_task
 from es_llm.tasks.chat import render_prompts
 from gradient.config import GRPORunConfig
 from gradient.distill.methods import method_spec
+from gradient.loop.adapter import adapt, trainable
 from gradient.loop.batch import Rollout
 from gradient.loop.precision import Precision, load_policy
 from gradient.loop.state import Edges, TrainerState
@@ -140,6 +143,10 @@ def _check_estimator(cfg: GRPORunConfig) -> bool:
         raise BadInput(f"{cfg.model} is {kind}, but algo.dllm.estimator is {name!r}; valid "
                        f"estimators for it are: {', '.join(valid)} (see configs/dllm_*.yaml).")
     choose_backend(cfg.backend, cfg.model)  # refuses a sampler that cannot serve the model
+    if diffusion and cfg.lora.enabled:
+        raise BadInput(f"{cfg.model} is a masked-diffusion model; lora.enabled trains "
+                       f"adapters of causal LMs only (the diffusion estimators and sampler "
+                       f"read the model's own weights). Set lora.enabled=false.")
     if diffusion:
         if cfg.rollout.top_p < 1:
             raise BadInput("the diffusion sampler samples with temperature only; set "
@@ -157,15 +164,28 @@ def push_policy(backend, model) -> None:
     backend.push_weights({n: p.detach() for n, p in model.named_parameters()})
 
 
+def serve_policy_adapter(backend, model, lora: LoraSettings, base_model: str) -> None:
+    """With ``lora``: the policy's adapter to the vLLM engine, which holds the base and
+    serves the adapter with its own LoRA layers. Closer to the trainer's log-probs than
+    merged weights pushed into the engine (measured by tests/vllm_lora_check.py): the
+    engine computes ``W x + s B (A x)`` as the PEFT policy does."""
+    backend.serve_adapter(peft_factors(model), lora, base_model)
+
+
 def policy_sampler(cfg: GRPORunConfig, start: str, model, tokenizer, diffusion: bool
                    ) -> BackendSpec:
     """What samples the rollouts: the policy itself (hf, or the diffusion sampler with the
     model's saved settings, one micro-batch per call), or a vLLM engine loaded from
-    ``start`` that the trainer pushes the policy into after each update. Log-probs are the
-    sampler's processed ones, those an importance ratio at the rollout temperature needs."""
-    return BackendSpec(start, backend=cfg.backend, runtime=cfg.runtime, seed=cfg.seed,
-                       model=model, tokenizer=tokenizer, weights="pushed",
-                       logprobs_mode="processed",
+    ``start`` that the trainer pushes the policy into after each update; with ``lora`` an
+    engine loaded from the base ``cfg.model`` that serves the policy's adapter. Log-probs
+    are the sampler's processed ones, those an importance ratio at the rollout temperature
+    needs."""
+    lora = cfg.lora.enabled
+    served = lora and choose_backend(cfg.backend, cfg.model) == "vllm"
+    return BackendSpec(cfg.model if lora else start, backend=cfg.backend, runtime=cfg.runtime,
+                       seed=cfg.seed, model=model, tokenizer=tokenizer,
+                       weights="fixed" if lora else "pushed", logprobs_mode="processed",
+                       engine_args=lora_engine_args(cfg.lora.rank) if served else None,
                        batch_size=cfg.micro_batch if diffusion else None,
                        diffusion_sampling=saved_sampling(cfg.model) if diffusion else None,
                        record_states=records_states(cfg))
@@ -193,8 +213,13 @@ def build(cfg: GRPORunConfig, resume_from: Path | None = None):
     if not diffusion:
         check_context(cfg.model, tokenizer, [p.prompt for p in problems], cfg.rollout.max_tokens,
                       cfg.runtime, where="rollout.max_tokens")
-    model = load_policy(model_class, start, cfg.runtime)
-    check_start(model.named_parameters(), start)
+    # With an adapter the base is always cfg.model: a checkpoint holds the merged weights.
+    policy_path = cfg.model if cfg.lora.enabled else start
+    model = load_policy(model_class, policy_path, cfg.runtime)
+    check_start(model.named_parameters(), policy_path)
+    if cfg.lora.enabled:
+        model = adapt(model, cfg.lora, cfg.seed, resume_from,
+                      cfg.runtime.gradient_checkpointing)
     ref = None
     if cfg.algo.kl.coef > 0:
         ref_path = cfg.algo.kl.ref_model or cfg.model
@@ -205,7 +230,7 @@ def build(cfg: GRPORunConfig, resume_from: Path | None = None):
         ref = ref.to(cfg.runtime.device)
         ref.requires_grad_(False)
     teachers = _distill_models(cfg, tokenizer, problems, model_class)
-    optimizer = cfg.optim.adamw(model.parameters())
+    optimizer = cfg.optim.adamw(trainable(model))
     state = TrainerState()
     precision = Precision(cfg.runtime)
     if cfg.algo.prefix.enabled:
@@ -227,7 +252,12 @@ def build(cfg: GRPORunConfig, resume_from: Path | None = None):
             state.replay.load_state_dict({**saved["replay"], "items": items})
     backend = make_backend(policy_sampler(cfg, start, model, tokenizer, diffusion))
     # The HF and diffusion samplers decode with the policy itself: no weight sync.
-    sync = partial(push_policy, backend, model) if backend.name == "vllm" else None
+    sync = None
+    if backend.name == "vllm":
+        sync = (partial(serve_policy_adapter, backend, model, cfg.lora, cfg.model)
+                if cfg.lora.enabled else partial(push_policy, backend, model))
+        if cfg.lora.enabled:
+            sync()  # the engine holds the base: it samples with the adapter from step 0
     recovered = (load_recovered(cfg.algo.recovered.data, task, problems, tokenizer)
                  if cfg.algo.recovered.data else {})
     edges = Edges(model=model, tokenizer=tokenizer, backend=backend, task=task,

@@ -19,17 +19,19 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from es_llm.adapters import LoraSettings
 from es_llm.backends import check_device
 from es_llm.backends.diffusion import is_diffusion_model
 from es_llm.config import check_choices, run_config_yaml
 from es_llm.errors import BadInput
 from es_llm.finite import Diverged, check, check_start, check_update, stop_error
-from es_llm.io import jsonl_lines, save_hf_checkpoint, write_text_atomic
+from es_llm.io import jsonl_lines, write_text_atomic
 from es_llm.models import check_model_path
 from es_llm.run_folder import AppendLog, written
 from es_llm.runtime import Runtime
 from es_llm.testbed.train import completion_batch
 from gradient.config import OptimSettings
+from gradient.loop.adapter import adapt, save_policy, trainable
 from gradient.loop.precision import Precision, load_policy
 from gradient.loop.seeds import derive_seed
 
@@ -51,6 +53,9 @@ class SFTRunConfig:
     # runtime.dtype) and gradient checkpointing.
     runtime: Runtime = field(default_factory=Runtime)
     optim: OptimSettings = field(default_factory=lambda: OptimSettings(lr=1e-4))
+    # Train a LoRA adapter (PEFT) instead of every weight: the optimizer sees the adapter
+    # only, the checkpoint holds the merged model plus adapter/.
+    lora: LoraSettings = field(default_factory=LoraSettings)
 
     def __post_init__(self):
         check_choices(self)
@@ -122,7 +127,10 @@ def run_sft(cfg: SFTRunConfig, out: Path, progress: bool = True) -> dict:
     model = load_policy(AutoModelForCausalLM, cfg.model, cfg.runtime)
     precision = Precision(cfg.runtime)
     check_start(model.named_parameters(), cfg.model)
-    optimizer = cfg.optim.adamw(model.parameters())
+    if cfg.lora.enabled:
+        model = adapt(model, cfg.lora, cfg.seed,
+                      checkpointing=cfg.runtime.gradient_checkpointing)
+    optimizer = cfg.optim.adamw(trainable(model))
     again = "es-llm sft --config ... (a new --out)"
     with written(out, again):
         out.mkdir(parents=True, exist_ok=True)
@@ -152,5 +160,5 @@ def run_sft(cfg: SFTRunConfig, out: Path, progress: bool = True) -> dict:
         bar.close()
     model.eval()
     with written(out / "checkpoints" / "final", again):
-        save_hf_checkpoint(model, tokenizer, out / "checkpoints" / "final", data_from=cfg.model)
+        save_policy(model, tokenizer, out / "checkpoints" / "final", cfg.lora, cfg.model)
     return metrics

@@ -37,11 +37,12 @@ from tqdm.auto import tqdm
 from es_llm.config import run_config_yaml
 from es_llm.errors import NonFinite
 from es_llm.finite import Diverged, check, check_update, stop_error
-from es_llm.io import complete_jsonl_rows, save_hf_checkpoint, write_text_atomic
+from es_llm.io import complete_jsonl_rows, write_text_atomic
 from es_llm.run_folder import AppendLog, written
 from es_llm.tasks.base import too_long_notice
 from gradient.config import GRPORunConfig
 from gradient.dllm.estimators import scored_tokens
+from gradient.loop.adapter import save_policy
 from gradient.loop.batch import RolloutBatch
 from gradient.loop.birth_stages import StageInput
 from gradient.loop.estimates import estimate_input, policy_estimate, views
@@ -177,7 +178,8 @@ def step(edges: Edges, cfg: GRPORunConfig, state: TrainerState, problems: list,
 def save(edges: Edges, cfg: GRPORunConfig, state: TrainerState, folder: Path,
          resume: str) -> None:
     """An HF checkpoint plus ``trainer_state.pt``: optimizer, step (the data position),
-    sample count, prefix controller and replay buffer, enough for ``--resume``."""
+    sample count, prefix controller and replay buffer, enough for ``--resume`` (with
+    ``lora``, the merged model plus the adapter the run continues from)."""
     def extra(tmp: Path) -> None:
         torch.save({"step": state.step, "samples": state.samples,
                     "optimizer": edges.optimizer.state_dict(),
@@ -186,8 +188,7 @@ def save(edges: Edges, cfg: GRPORunConfig, state: TrainerState, folder: Path,
                     "replay": state.replay.state_dict() if state.replay is not None else None},
                    tmp / "trainer_state.pt")
     with written(folder, resume):
-        save_hf_checkpoint(edges.model, edges.tokenizer, folder, data_from=cfg.model,
-                           extra=extra)
+        save_policy(edges.model, edges.tokenizer, folder, cfg.lora, cfg.model, extra=extra)
 
 
 def run(cfg: GRPORunConfig, edges: Edges, problems: list, out: Path, state: TrainerState,
