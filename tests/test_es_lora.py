@@ -52,7 +52,7 @@ SMALL = ["backend=hf", "iterations=3", "es.population=8", "prompts_per_iteration
 
 def adapter_weights(model, lora=LORA_SETTINGS, seed=0) -> AdapterWeights:
     linears = target_linears(model, lora)
-    return AdapterWeights(linears, init_factors(linears, lora, seed), lora.scale)
+    return AdapterWeights(linears, init_factors(linears, lora, seed), lora)
 
 
 def member_noise(direction: int):

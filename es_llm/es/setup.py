@@ -54,7 +54,7 @@ def build_edges(cfg: ESRunConfig, comm) -> tuple[Edges, list]:
     if cfg.lora.enabled:
         linears = target_linears(model, cfg.lora)
         weights = AdapterWeights(linears, init_factors(linears, cfg.lora,
-                                                       adapter_seed(cfg.seed)), cfg.lora.scale)
+                                                       adapter_seed(cfg.seed)), cfg.lora)
         names = list(weights.params)
     else:
         names = select_parameters(model, cfg.engine.params, cfg.engine.param_pattern)

@@ -15,7 +15,7 @@ from typing import Callable
 
 import torch
 
-from es_llm.adapters import factor_names, merged_weight
+from es_llm.adapters import LoraSettings, factor_names, merged_tensors
 from es_llm.errors import BadInput
 from populations.es import perturb
 
@@ -108,9 +108,9 @@ class AdapterWeights:
     """
 
     def __init__(self, linears: dict[str, torch.nn.Linear], factors: dict[str, torch.Tensor],
-                 scale: float):
+                 lora: LoraSettings):
         self.modules = list(linears)
-        self.scale = scale
+        self.lora = lora
         self.params = {f"{m}.weight": layer.weight for m, layer in linears.items()}
         self.base = {n: p.detach().to(torch.float32).clone() for n, p in self.params.items()}
         device = next(iter(self.params.values())).device
@@ -127,12 +127,12 @@ class AdapterWeights:
 
     @torch.no_grad()
     def _write(self, factors: dict[str, torch.Tensor]) -> None:
+        # One module at a time: an fp32 merged copy of every target at once could not fit
+        # beside a large model.
         for module in self.modules:
-            name = f"{module}.weight"
-            a_name, b_name = factor_names(module)
-            p = self.params[name]
-            p.copy_(merged_weight(self.base[name], factors[a_name], factors[b_name],
-                                  self.scale).to(p.dtype))
+            pair = {n: factors[n] for n in factor_names(module)}
+            for name, W_O_I in merged_tensors(self.base, pair, self.lora).items():
+                self.params[name].copy_(W_O_I.to(self.params[name].dtype))
 
     def perturb(self, noise_for: Callable[[str, torch.Size], torch.Tensor], sign: int,
                 sigma: float) -> None:
@@ -161,7 +161,7 @@ class AdapterWeights:
             name = f"{module}.weight"
             a_name, b_name = factor_names(module)
             dtype = self.params[name].dtype
-            A[name] = torch.stack([self.scale * f[b_name] for f in members]).to(dtype)
+            A[name] = torch.stack([self.lora.scale * f[b_name] for f in members]).to(dtype)
             B[name] = torch.stack([f[a_name].T for f in members]).to(dtype)
         return A, B
 
