@@ -76,6 +76,9 @@ CASES = [
                                "engine.members_per_call=8", "max_tokens=8", "checkpoint_every=100",
                                "checksum_every=100", SEVENS))
       for c in ("es_countdown_lowrank.yaml", "es_countdown_lowrank_ci.yaml")],
+    # Longer completions and more members than _ES, so the adapter's update is not zero.
+    Case("es_lora_countdown.yaml", "es", overrides=(*_ES, SEVENS, "es.population=8",
+                                                    "max_tokens=32")),
     *[Case(f"es_{d}{s}.yaml", "es", d, tuple(_ES)) for d in ("code", "chess")
       for s in ("", "_ci")],
     Case("grpo_swarr_countdown.yaml", "grpo", "swa", (*_GRPO, SEVENS)),

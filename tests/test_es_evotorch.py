@@ -15,9 +15,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from es_llm.adapters import LoraSettings
 from es_llm.cli import main
 from es_llm.comm.serial import SerialComm
-from es_llm.es.config import ESRunConfig, EngineSettings
+from es_llm.es.config import ESRunConfig
 from es_llm.es.engine import run
 from es_llm.es.evotorch_loop import EVOTORCH, flatten, unflatten
 from es_llm.es.setup import build_edges
@@ -111,9 +112,10 @@ def test_pgpe_raises_a_reward_whose_optimum_is_known(ci_testbed, tmp_path, seven
     cfg = ESRunConfig(model=str(ci_testbed),
                       task=TaskConfig(name="sevens",
                                       data=str(ci_testbed / "data" / "countdown_rl.jsonl")),
-                      es=ESConfig(algorithm="pgpe", population=16, sigma=0.03, lr=0.5),
-                      engine=EngineSettings(params="regex", param_pattern=r"layers\.1\.mlp\."),
-                      iterations=10, prompts_per_iteration=32, max_tokens=32, backend="hf",
+                      es=ESConfig(algorithm="pgpe", population=16, sigma=0.1, lr=2.0),
+                      # A tiny adapter: rank 2 on the attention projections.
+                      lora=LoraSettings(enabled=True, rank=2, alpha=4.0),
+                      iterations=20, prompts_per_iteration=32, max_tokens=32, backend="hf",
                       checkpoint_every=100)
     edges, problems = build_edges(resolve_training_data(cfg), SerialComm())
     held = problems[:64]
@@ -121,7 +123,8 @@ def test_pgpe_raises_a_reward_whose_optimum_is_known(ci_testbed, tmp_path, seven
     run(cfg, edges, problems, tmp_path / "run", progress=False, search=EVOTORCH)
     after = greedy_reward(edges, held)
     print(f"greedy reward before {before:.3f} after {after:.3f}")
-    assert after > before + 0.05, (before, after)
+    # From 0.008 to 0.90 when written; the optimum is 1.
+    assert after > before + 0.3, (before, after)
 
 
 @pytest.mark.parametrize("extra, words", [

@@ -1,10 +1,12 @@
 """The ES run's config: the ES maths' settings (``es``: ``populations.es.ESConfig`` itself),
-what evolves and how members are served (``engine``), and what the run trains on."""
+what evolves and how members are served (``engine``, or a LoRA adapter: ``lora``), and what
+the run trains on."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from es_llm.adapters import LoraSettings
 from es_llm.backends import BACKEND_NAMES
 from es_llm.config import check_choices, choice
 from es_llm.errors import BadInput
@@ -26,8 +28,8 @@ class EngineSettings:
     # With params=regex: a regular expression searched in each parameter's name.
     param_pattern: str = ""
     # How members are served: weights (each member's weights written, then generated; any
-    # backend) or rows (es.kind=lowrank, HF backend: many members in one batched generate
-    # call, each row adding its member's low-rank term, no weight written).
+    # backend) or rows (es.kind=lowrank or lora.enabled, HF backend: many members in one
+    # batched generate call, each row adding its member's low-rank term, no weight written).
     serve: str = choice("weights", lambda: SERVE_MODES)
     # Prompts each member (each antithetic pair) is scored on, taken from the iteration's
     # batch; 0 = every member on the whole batch.
@@ -54,6 +56,11 @@ class ESRunConfig:
     task: TaskConfig = field(default_factory=TaskConfig)
     es: ESConfig = field(default_factory=ESConfig)
     engine: EngineSettings = field(default_factory=EngineSettings)
+    # Evolve a LoRA adapter instead of the weights (lora.enabled): the factors A (r, in) and
+    # B (out, r) of each target layer get full-rank noise (es.sigma on both; B starts at 0,
+    # so early members differ through B), and members are served as W + (alpha/r) B A. Not
+    # es.kind=lowrank (EGGROLL), which adds low-rank noise to the full matrices.
+    lora: LoraSettings = field(default_factory=LoraSettings)
     # ES iterations (population evaluations and updates) of the whole run.
     iterations: int = 100
     # Prompts per iteration; every member is scored on this batch (greedy decoding), or on
@@ -102,15 +109,32 @@ class ESRunConfig:
                            f"engine.serve=weights (got es.kind={self.es.kind}, engine.serve="
                            f"{self.engine.serve}); low-rank and row-served populations are "
                            f"es.algorithm=es.")
-        if self.engine.serve == "rows" and self.es.kind != "lowrank":
-            raise BadInput("engine.serve=rows needs es.kind=lowrank (full-rank members cannot "
-                           "be added per row); use engine.serve=weights.")
-        if self.engine.serve == "rows" and self.es.vectors == "full":
+        if self.lora.enabled:
+            # An adapter member is low-rank by construction, so rows can serve it.
+            self._check_lora()
+        elif self.engine.serve == "rows" and self.es.kind != "lowrank":
+            raise BadInput("engine.serve=rows needs es.kind=lowrank or lora.enabled (full-rank "
+                           "members cannot be added per row); use engine.serve=weights.")
+        elif self.engine.serve == "rows" and self.es.vectors == "full":
             raise BadInput("engine.serve=rows perturbs matrices only; set es.vectors=frozen or "
                            "engine.serve=weights.")
         if self.es.antithetic and self.engine.members_per_call % 2:
             raise BadInput(f"engine.members_per_call must be even with es.antithetic=true (a "
                            f"mirrored pair shares one call), got {self.engine.members_per_call}.")
+
+    def _check_lora(self) -> None:
+        """An adapter run against the settings it replaces or cannot combine with."""
+        if self.es.kind == "lowrank":
+            raise BadInput("lora.enabled evolves a LoRA adapter's factors with full-rank noise "
+                           "on A and B, while es.kind=lowrank is EGGROLL: rank-r noise on the "
+                           "model's full matrices. They are two different populations; choose "
+                           "es.kind=full with lora.enabled, or lora.enabled=false for EGGROLL.")
+        if self.engine.params != "all" or self.engine.param_pattern:
+            raise BadInput(f"with lora.enabled the adapter decides what evolves (its factors "
+                           f"on lora.target_modules), so engine.params={self.engine.params} "
+                           f"engine.param_pattern={self.engine.param_pattern!r} has no "
+                           f"meaning; leave engine.params=all and engine.param_pattern empty, "
+                           f"and choose layers with lora.target_modules.")
 
     def samples_per_iteration(self) -> int:
         """Greedy rollouts one iteration generates: every member on each of its prompts (the

@@ -21,11 +21,12 @@ from typing import Callable
 import torch
 from tqdm.auto import tqdm
 
+from es_llm.adapters import save_adapter
 from es_llm.backends.base import SamplingParams
 from es_llm.config import run_config_yaml
 from es_llm.errors import BadInput, NonFinite
 from es_llm.es.config import ESRunConfig
-from es_llm.es.weights import ModuleWeights
+from es_llm.es.weights import AdapterWeights, ModuleWeights
 from es_llm.finite import Diverged, check, check_start, stop_error
 from es_llm.io import complete_jsonl_rows, save_hf_checkpoint, write_text_atomic
 from es_llm.run_folder import AppendLog, written
@@ -42,7 +43,7 @@ class Edges:
     comm: object
     model: torch.nn.Module
     tokenizer: object
-    weights: ModuleWeights
+    weights: ModuleWeights | AdapterWeights
     backend: object
     task: object
     # Per-row low-rank member terms (engine.serve=rows); None writes each member's weights.
@@ -103,18 +104,15 @@ def _weight_written(edges: Edges, state: pes.ESState, mine, batch, assigned, par
         edges.weights.restore()
 
 
-def _row_served(edges: Edges, state: pes.ESState, mine, batch, assigned, params,
-                cfg: ESRunConfig):
-    """``(member, problems, texts)`` for each member, ``engine.members_per_call`` members per
-    generate call, each row adding its member's low-rank term (``RowAdapters``); factors are
-    drawn per call, so memory is bounded by the call, not the population."""
+def _lowrank_terms(edges: Edges, state: pes.ESState, cfg: ESRunConfig):
+    """``chunk -> (A, B)``: the ``RowAdapters`` terms of EGGROLL members (``es.kind=lowrank``),
+    A (M, out, r) = sign sigma / sqrt(r) times the keyed factor, B (M, in, r)."""
     factors_for = lowrank.keyed_factors(state.seed, state.iteration, cfg.es.rank,
                                         device=cfg.es.noise_device)
     scale = cfg.es.sigma / math.sqrt(cfg.es.rank)
     served = edges.weights.params
-    per_call = cfg.engine.members_per_call
-    for start in range(0, len(mine), per_call):
-        chunk = mine[start:start + per_call]
+
+    def terms(chunk):
         A, B = {}, {}
         for name in edges.rows.matrices:
             p = served[name]
@@ -122,6 +120,49 @@ def _row_served(edges: Edges, state: pes.ESState, mine, batch, assigned, params,
             A[name] = torch.stack([drawn[m.direction][0] * (m.sign * scale)
                                    for m in chunk]).to(p.device, p.dtype)
             B[name] = torch.stack([drawn[m.direction][1] for m in chunk]).to(p.device, p.dtype)
+        return A, B
+    return terms
+
+
+def _adapter_terms(edges: Edges, state: pes.ESState, cfg: ESRunConfig):
+    """``chunk -> (A, B)``: the ``RowAdapters`` terms of adapter members (``lora.enabled``),
+    each member's whole adapter ``scale B' A'`` over the base weights (``AdapterWeights.
+    row_terms``); a direction's noise is drawn once for both signs."""
+    eps_for = pes.noise_for(cfg.es, state)
+
+    def terms(chunk):
+        members = []
+        for direction, group in itertools.groupby(chunk, key=lambda m: m.direction):
+            eps = {n: eps_for(direction, n, shape) for n, shape in edges.weights.shapes().items()}
+            members += [edges.weights.member_factors(lambda n, _shape: eps[n], m.sign,
+                                                     cfg.es.sigma) for m in group]
+        return edges.weights.row_terms(members)
+    return terms
+
+
+def _row_served(edges: Edges, state: pes.ESState, mine, batch, assigned, params,
+                cfg: ESRunConfig):
+    """``(member, problems, texts)`` for each member, ``engine.members_per_call`` members per
+    generate call, each row adding its member's low-rank term (``RowAdapters``); factors are
+    drawn per call, so memory is bounded by the call, not the population. Adapter members
+    are added to the base weights, which the target layers serve meanwhile."""
+    adapter = cfg.lora.enabled
+    terms = (_adapter_terms if adapter else _lowrank_terms)(edges, state, cfg)
+    per_call = cfg.engine.members_per_call
+    if adapter:
+        edges.weights.serve_base()
+    try:
+        yield from _row_calls(edges, mine, batch, assigned, params, per_call, terms)
+    finally:
+        if adapter:
+            edges.weights.restore()
+
+
+def _row_calls(edges: Edges, mine, batch, assigned, params, per_call: int, terms):
+    """The generate calls of ``_row_served``: ``per_call`` members each, terms from ``terms``."""
+    for start in range(0, len(mine), per_call):
+        chunk = mine[start:start + per_call]
+        A, B = terms(chunk)
         problems = [[batch[i] for i in assigned[m.index]] for m in chunk]
         rows = [p for ps in problems for p in ps]
         with edges.rows.members(A, B, len(problems[0])):
@@ -208,7 +249,9 @@ def step(edges: Edges, state: pes.ESState, problems: list[Problem], cfg: ESRunCo
     metrics = {f"es/{k}": v for k, v in es_metrics.items()}
     check_es_update(metrics, state, cfg.runtime.dtype, iteration > 0)
     edges.weights.set_master(state.params)
-    if cfg.runtime.dtype != "float32":
+    # An adapter's factors are never served in the model's dtype (only merged weights are),
+    # so the realised-update cosine of the master has no meaning there.
+    if cfg.runtime.dtype != "float32" and not cfg.lora.enabled:
         metrics["es/realised_cosine"] = pes.realised_cosine(before, state.params,
                                                             cfg.runtime.torch_dtype())
     metrics.update(pair_diagnostics(members, gathered))
@@ -264,9 +307,15 @@ def probe_sigma(edges: Edges, cfg: ESRunConfig, problems: list[Problem],
 
 
 def save_checkpoint(edges: Edges, cfg: ESRunConfig, folder: Path, resume: str) -> None:
-    """An HF folder of the current (unperturbed) weights (see ``save_hf_checkpoint``)."""
+    """An HF folder of the current (unperturbed) weights (see ``save_hf_checkpoint``); with
+    ``lora.enabled`` these are the adapter merged into the base, and ``adapter/`` holds the
+    adapter itself in PEFT's format (its base: ``cfg.model``)."""
+    def adapter(tmp: Path) -> None:
+        save_adapter(tmp / "adapter", edges.weights.master, cfg.lora, cfg.model)
+
     with written(folder, resume):
-        save_hf_checkpoint(edges.model, edges.tokenizer, folder, data_from=cfg.model)
+        save_hf_checkpoint(edges.model, edges.tokenizer, folder, data_from=cfg.model,
+                           extra=adapter if cfg.lora.enabled else None)
 
 
 def check_ranks_agree(edges: Edges, iteration: int) -> None:

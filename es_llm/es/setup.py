@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import replace
 
 import torch
 
+from es_llm.adapters import init_factors, target_linears
 from es_llm.backends import BackendSpec, check_device, make_backend
 from es_llm.backends.lowrank_rows import RowAdapters
 from es_llm.comm.placement import place_rank
@@ -13,7 +15,7 @@ from es_llm.errors import BadInput
 from es_llm.es.config import ESRunConfig
 from es_llm.es.engine import Edges
 from es_llm.es.evotorch_loop import check_search_fits
-from es_llm.es.weights import ModuleWeights, select_parameters
+from es_llm.es.weights import AdapterWeights, ModuleWeights, select_parameters
 from es_llm.models import check_model_path
 from es_llm.runtime import check_context
 from es_llm.tasks import build_task
@@ -38,6 +40,8 @@ def build_edges(cfg: ESRunConfig, comm) -> tuple[Edges, list]:
                        hf_only=("engine.serve=rows runs the population inside the HF decoding "
                                 "loop of a causal LM (use engine.serve=weights)" if rows else None))
     chosen = spec.choice()
+    if cfg.lora.enabled:
+        check_adapter_backend(chosen, cfg.lora.target_modules)
     check_device(cfg.runtime.device)
     place_rank(comm.local_rank, comm.local_size, cfg.runtime.device, cfg.bind_cores)
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)
@@ -48,10 +52,16 @@ def build_edges(cfg: ESRunConfig, comm) -> tuple[Edges, list]:
     auto_class = AutoModelForMaskedLM if chosen == "diffusion" else AutoModelForCausalLM
     model = auto_class.from_pretrained(cfg.model, **cfg.runtime.load_kwargs())
     model.to(cfg.runtime.device)
-    names = select_parameters(model, cfg.engine.params, cfg.engine.param_pattern)
-    if cfg.es.kind == "lowrank":
-        check_lowrank_rank(model, names, cfg.es.rank)
-    weights = ModuleWeights(model, names)
+    if cfg.lora.enabled:
+        linears = target_linears(model, cfg.lora)
+        weights = AdapterWeights(linears, init_factors(linears, cfg.lora,
+                                                       adapter_seed(cfg.seed)), cfg.lora)
+        names = list(weights.params)
+    else:
+        names = select_parameters(model, cfg.engine.params, cfg.engine.param_pattern)
+        if cfg.es.kind == "lowrank":
+            check_lowrank_rank(model, names, cfg.es.rank)
+        weights = ModuleWeights(model, names)
     if cfg.es.algorithm != "es":
         # Before the engine starts and before anything is written: a search that cannot
         # fit is refused with its size.
@@ -87,3 +97,34 @@ def check_lowrank_rank(model: torch.nn.Module, names: list[str], rank: int) -> N
     if rank > min(smallest):
         raise BadInput(f"es.rank={rank} is above the rank a perturbation of {name} (shape "
                        f"{smallest}) can have; choose es.rank between 1 and {min(smallest)}.")
+
+
+def adapter_seed(run_seed: int) -> int:
+    """The seed of the adapter's initial factors: a pure function of the run seed (so every
+    rank and every resume starts from the same adapter), apart from the noise keys' stream."""
+    digest = hashlib.blake2b(f"{run_seed}:lora-init".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+# vLLM serves these HF layers fused into one tensor (qkv_proj, gate_up_proj): a write must
+# carry every part.
+_FUSED = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+
+
+def check_adapter_backend(chosen: str, targets: tuple[str, ...]) -> None:
+    """BadInput when the chosen backend cannot serve an evolving adapter: the diffusion
+    sampler (PEFT's causal-LM adapter format does not describe it), or vLLM with a target
+    list that splits one of its fused layers."""
+    if chosen == "diffusion":
+        raise BadInput("lora.enabled evolves and saves a causal-LM adapter; a diffusion model "
+                       "is not supported. Set lora.enabled=false to evolve its weights.")
+    if chosen != "vllm":
+        return
+    for group in _FUSED:
+        picked = [t for t in group if t in targets]
+        if picked and len(picked) < len(group):
+            raise BadInput(f"lora.target_modules takes {', '.join(picked)} but not "
+                           f"{', '.join(t for t in group if t not in picked)}; vLLM serves "
+                           f"{'+'.join(group)} as one fused weight, so a member's merged "
+                           f"weights must cover all of them. Add the others to "
+                           f"lora.target_modules, or use backend=hf.")

@@ -3,7 +3,8 @@
 The fp32 master copy is the truth: a member's weights are ``cast(master + sigma * eps)``
 (``populations.es.perturb``, one tensor at a time) and restoring re-casts the master, so
 perturb-then-restore leaves the served weights bitwise unchanged (adding and then
-subtracting the same noise does not, in any precision).
+subtracting the same noise does not, in any precision). ``AdapterWeights`` does the same for
+a LoRA adapter's factors, served merged into the target layers' weights.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Callable
 
 import torch
 
+from es_llm.adapters import LoraSettings, factor_names, merged_tensors
 from es_llm.errors import BadInput
 from populations.es import perturb
 
@@ -79,8 +81,95 @@ class ModuleWeights:
 
     def checksum(self) -> str:
         """A digest of the master copy, compared across ranks to catch divergence."""
-        h = hashlib.sha256()
-        for name in sorted(self.master):
-            h.update(name.encode())
-            h.update(self.master[name].detach().cpu().contiguous().numpy().tobytes())
-        return h.hexdigest()[:16]
+        return master_checksum(self.master)
+
+
+def master_checksum(master: dict[str, torch.Tensor]) -> str:
+    """A short SHA-256 of named tensors' bytes, in name order."""
+    h = hashlib.sha256()
+    for name in sorted(master):
+        h.update(name.encode())
+        h.update(master[name].detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+class AdapterWeights:
+    """A LoRA adapter's factors as the evolving set (``lora.enabled``), served merged.
+
+    ``master`` holds the fp32 factors keyed as PEFT names them (``<module>.lora_A.weight``
+    (r, in), ``<module>.lora_B.weight`` (out, r)): what ``populations.es`` evolves, with
+    full-rank i.i.d. noise on each factor, and what checksums cover. ``params`` are the
+    target layers' served weights keyed ``<module>.weight`` (so ``VLLMWeights`` pushes them
+    by their HF names). A member with factors ``A' = A + s sigma eps_A``, ``B' = B + s sigma
+    eps_B`` is served as ``cast(W0 + scale B' A')`` (fp32 base ``W0``, scale = alpha / r):
+    its weight change has rank <= r, and while B = 0 (the start) its first-order effect comes
+    through eps_B only. This differs from ``es.kind=lowrank`` (EGGROLL), which adds low-rank
+    noise to the full matrices themselves; here the parameter set is the small adapter.
+    """
+
+    def __init__(self, linears: dict[str, torch.nn.Linear], factors: dict[str, torch.Tensor],
+                 lora: LoraSettings):
+        self.modules = list(linears)
+        self.lora = lora
+        self.params = {f"{m}.weight": layer.weight for m, layer in linears.items()}
+        self.base = {n: p.detach().to(torch.float32).clone() for n, p in self.params.items()}
+        device = next(iter(self.params.values())).device
+        self.master = {n: t.to(device, torch.float32) for n, t in factors.items()}
+
+    def shapes(self) -> dict[str, torch.Size]:
+        return {n: t.shape for n, t in self.master.items()}
+
+    def member_factors(self, noise_for: Callable[[str, torch.Size], torch.Tensor], sign: int,
+                       sigma: float) -> dict[str, torch.Tensor]:
+        """The member's fp32 factors ``master + sign * sigma * noise_for(name, shape)``
+        (``populations.es.perturb``, kept in fp32: they are merged before any cast)."""
+        return {n: perturb(t, noise_for(n, t.shape), sign, sigma) for n, t in self.master.items()}
+
+    @torch.no_grad()
+    def _write(self, factors: dict[str, torch.Tensor]) -> None:
+        # One module at a time: an fp32 merged copy of every target at once could not fit
+        # beside a large model.
+        for module in self.modules:
+            pair = {n: factors[n] for n in factor_names(module)}
+            for name, W_O_I in merged_tensors(self.base, pair, self.lora).items():
+                self.params[name].copy_(W_O_I.to(self.params[name].dtype))
+
+    def perturb(self, noise_for: Callable[[str, torch.Size], torch.Tensor], sign: int,
+                sigma: float) -> None:
+        """Serve the member: each target weight set to ``cast(W0 + scale B' A')``."""
+        self._write(self.member_factors(noise_for, sign, sigma))
+
+    def restore(self) -> None:
+        """Serve the master adapter merged: ``cast(W0 + scale B A)``, the same bytes every
+        time (computed afresh from fp32, never by undoing a member)."""
+        self._write(self.master)
+
+    @torch.no_grad()
+    def serve_base(self) -> None:
+        """Serve ``cast(W0)`` in the target layers (per-row adapter terms are added on top;
+        ``restore`` puts the merged master back)."""
+        for name, p in self.params.items():
+            p.copy_(self.base[name].to(p.dtype))
+
+    def row_terms(self, members: list[dict[str, torch.Tensor]]
+                  ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """``RowAdapters`` terms of M members' factors (each as ``member_factors`` gives):
+        per target weight ``A`` (M, out, r) = scale B'_m and ``B`` (M, in, r) = A'_m^T, so a
+        row of member m computes ``x W0^T + x A'_m^T (scale B'_m)^T``, in the served dtype."""
+        A, B = {}, {}
+        for module in self.modules:
+            name = f"{module}.weight"
+            a_name, b_name = factor_names(module)
+            dtype = self.params[name].dtype
+            A[name] = torch.stack([self.lora.scale * f[b_name] for f in members]).to(dtype)
+            B[name] = torch.stack([f[a_name].T for f in members]).to(dtype)
+        return A, B
+
+    def set_master(self, new_master) -> None:
+        """Adopt new fp32 factors (not copied: callers hand over immutable state)."""
+        self.master = {n: new_master[n] for n in self.master}
+        self.restore()
+
+    def checksum(self) -> str:
+        """A digest of the master factors, compared across ranks to catch divergence."""
+        return master_checksum(self.master)
