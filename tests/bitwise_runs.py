@@ -79,6 +79,8 @@ CASES = [
     # Longer completions and more members than _ES, so the adapter's update is not zero.
     Case("es_lora_countdown.yaml", "es", overrides=(*_ES, SEVENS, "es.population=8",
                                                     "max_tokens=32")),
+    Case("es_pgpe_lora_countdown.yaml", "es", overrides=(*_ES, SEVENS, "es.population=8",
+                                                         "max_tokens=32")),
     *[Case(f"es_{d}{s}.yaml", "es", d, tuple(_ES)) for d in ("code", "chess")
       for s in ("", "_ci")],
     Case("grpo_swarr_countdown.yaml", "grpo", "swa", (*_GRPO, SEVENS)),

@@ -138,12 +138,13 @@ Evolve the weights of a model with ES: each iteration every member of the
 population is the base weights plus sigma times keyed Gaussian noise (or, with
 es.kind=lowrank, rank-r noise on every matrix; with lora.enabled, a LoRA
 adapter's factors evolve instead and members serve W + (alpha/r) B A), is
-scored on the batch of
-training prompts (or engine.prompts_per_member of them) with greedy decoding, and
-the weights move along the shaped-reward-weighted noise. Under `mpirun -n P` the
-ranks split the population and exchange only rewards; every rank applies the
-same update. Writes DIR/config.yaml, metrics.jsonl, ledger.jsonl and
-checkpoints/.""",
+scored on the batch of training prompts (or engine.prompts_per_member of them)
+with greedy decoding, and the weights move along the shaped-reward-weighted
+noise. es.algorithm=pgpe|snes|cem|cmaes hands the search to evotorch instead,
+for parameter sets whose population fits in memory (an adapter, a few tensors).
+Under `mpirun -n P` the ranks split the population and exchange only rewards;
+every rank applies the same update. Writes DIR/config.yaml, metrics.jsonl,
+ledger.jsonl and checkpoints/.""",
     config="es_llm.es.config:ESRunConfig",
     run=run,
     flags=(MODEL,),
