@@ -151,7 +151,7 @@ def test_both_backends_write_the_text_of_a_cut_completion_the_same_way(standin):
     engine = SimpleNamespace(generate=lambda *a, **k: [SimpleNamespace(outputs=[SimpleNamespace(
         text="vLLM's text", token_ids=list(cut), logprobs=None, finish_reason="length")])])
     vl = object.__new__(VLLMBackend)
-    vl.llm, vl.tokenizer, vl.logprobs_mode = engine, tok, "raw"
+    vl.llm, vl.tokenizer, vl.logprobs_mode, vl.lora_request = engine, tok, "raw", None
     from_vllm = vl.generate(["ab"], params)[0][0].text
     assert from_hf == from_vllm == "ab"
 
