@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from transformers import AutoModelForCausalLM
 
 from es_llm.backends.base import Completion
@@ -19,7 +20,7 @@ from es_llm.cli import main
 from es_llm.comm.serial import SerialComm
 from es_llm.errors import BadInput
 from es_llm.es.config import ESRunConfig
-from es_llm.es.engine import Edges, evaluate_members
+from es_llm.es.engine import Edges, evaluate_members, generated_tokens
 from es_llm.es.weights import ModuleWeights, select_parameters
 from es_llm.io import read_jsonl
 from es_llm.tasks import Problem, Score
@@ -45,15 +46,16 @@ def test_perturb_then_restore_is_bitwise_exact(ci_testbed, dtype):
 
 
 class _Recorder:
-    """A backend that records the served weights each time a member generates."""
+    """A backend that records the served weights each time a member generates; its k-th
+    call answers every prompt with k tokens."""
 
     def __init__(self, model):
         self.model, self.served = model, []
 
     def generate(self, prompts, params, keys=None):
         self.served.append({n: p.detach().clone() for n, p in self.model.named_parameters()})
-        return [[Completion(text="", token_ids=(), logprobs=None, finish_reason="stop")]
-                for _ in prompts]
+        return [[Completion(text="", token_ids=(7,) * len(self.served), logprobs=None,
+                            finish_reason="stop")] for _ in prompts]
 
 
 class _Zero:
@@ -74,8 +76,11 @@ def test_the_engine_serves_each_member_as_the_library_perturb_computes_it(ci_tes
                   backend=recorder, task=_Zero())
     state = pes.init(cfg.es, weights.master, cfg.seed)
     members = pes.ask(cfg.es, state)
-    evaluate_members(edges, state, members, [Problem("p", "prompt", None)], cfg)
+    scored = evaluate_members(edges, state, members, [Problem("p", "prompt", None)], cfg)
     assert len(recorder.served) == len(members)
+    # Member k (one prompt, the k-th call) generated k tokens: 1 + 2 + 3 + 4 in all.
+    assert [scored[m.index][5] for m in members] == [1, 2, 3, 4]
+    assert generated_tokens(scored) == {"tokens/iteration": 10.0}
     for m, served in zip(members, recorder.served):
         want = pes.perturbed_params(cfg.es, state, m, dtype=torch.bfloat16)
         assert all(torch.equal(served[n], want[n]) for n in want), m
@@ -119,6 +124,9 @@ def test_serial_run_writes_the_run_folder(ci_testbed, tmp_path):
     assert len(ledger[0]["members"]) == 8 and len(ledger[0]["rewards_N"]) == 8
     # The logged reward mean is the mean of the ledger's member rewards.
     assert metrics[0]["es/reward_mean"] == pytest.approx(sum(ledger[0]["rewards_N"]) / 8)
+    # Every member's completion of every prompt: at least one token, at most max_tokens.
+    samples = metrics[0]["samples/generated"]
+    assert samples <= metrics[0]["tokens/iteration"] <= samples * yaml.safe_load(cfg)["max_tokens"]
     for ckpt in ("step_2", "final"):
         model = AutoModelForCausalLM.from_pretrained(out / "checkpoints" / ckpt)
         assert model.config.model_type == "llama"

@@ -46,6 +46,8 @@ def test_ci_run_writes_the_run_folder(ci_testbed, tmp_path):
                 "samples/generated", "is/logp_abs_diff_mean"):
         assert key in rows[-1], key
     assert rows[-1]["samples/generated"] == 4 * 8 * 4
+    # Every rollout's tokens: the mean length times the step's 8 x 4 rollouts.
+    assert rows[-1]["tokens/iteration"] == pytest.approx(rows[-1]["rollout/len_mean"] * 32)
     from transformers import AutoModelForCausalLM
     for ckpt in ("step_2", "final"):
         folder = out / "checkpoints" / ckpt

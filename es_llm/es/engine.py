@@ -81,7 +81,7 @@ def member_prompts(members, n_batch: int, per_member: int) -> list[list[int]]:
 
 def _weight_written(edges: Edges, state: pes.ESState, mine, batch, assigned, params,
                     cfg: ESRunConfig):
-    """``(member, problems, texts)`` for each member, its weights written into the served
+    """``(member, problems, completions)`` for each member, its weights written into the served
     model as cast(master + sign * sigma * eps) over the previous member's (one write per
     member, one restore at the end). A direction's noise is drawn once for both signs."""
     eps_for = pes.noise_for(cfg.es, state)
@@ -99,7 +99,7 @@ def _weight_written(edges: Edges, state: pes.ESState, mine, batch, assigned, par
                 problems = [batch[i] for i in assigned[m.index]]
                 completions = edges.backend.generate([p.prompt for p in problems], params,
                                                      keys=[p.id for p in problems])
-                yield m, problems, [c[0].text for c in completions]
+                yield m, problems, [c[0] for c in completions]
     finally:
         edges.weights.restore()
 
@@ -142,10 +142,11 @@ def _adapter_terms(edges: Edges, state: pes.ESState, cfg: ESRunConfig):
 
 def _row_served(edges: Edges, state: pes.ESState, mine, batch, assigned, params,
                 cfg: ESRunConfig):
-    """``(member, problems, texts)`` for each member, ``engine.members_per_call`` members per
-    generate call, each row adding its member's low-rank term (``RowAdapters``); factors are
-    drawn per call, so memory is bounded by the call, not the population. Adapter members
-    are added to the base weights, which the target layers serve meanwhile."""
+    """``(member, problems, completions)`` for each member, ``engine.members_per_call``
+    members per generate call, each row adding its member's low-rank term (``RowAdapters``);
+    factors are drawn per call, so memory is bounded by the call, not the population.
+    Adapter members are added to the base weights, which the target layers serve
+    meanwhile."""
     adapter = cfg.lora.enabled
     terms = (_adapter_terms if adapter else _lowrank_terms)(edges, state, cfg)
     per_call = cfg.engine.members_per_call
@@ -170,7 +171,7 @@ def _row_calls(edges: Edges, mine, batch, assigned, params, per_call: int, terms
                                                  keys=[p.id for p in rows])
         at = 0
         for m, ps in zip(chunk, problems):
-            yield m, ps, [c[0].text for c in completions[at:at + len(ps)]]
+            yield m, ps, [c[0] for c in completions[at:at + len(ps)]]
             at += len(ps)
 
 
@@ -180,18 +181,26 @@ def member_sampling(cfg: ESRunConfig) -> SamplingParams:
 
 
 def score_served(edges: Edges, served) -> dict[int, tuple]:
-    """Score what ``served`` yields, ``(member, problems, texts)`` per member: ``{index:
-    (rewards per prompt, correct count, well-formed count, digest of its texts, count of
-    texts too long to score)}``. The digest lets rank 0 tell whether a mirrored pair
-    generated identical texts without sending them."""
+    """Score what ``served`` yields, ``(member, problems, completions)`` per member:
+    ``{index: (rewards per prompt, correct count, well-formed count, digest of its texts,
+    count of texts too long to score, generated tokens)}``. The digest lets rank 0 tell
+    whether a mirrored pair generated identical texts without sending them."""
     out = {}
-    for m, problems, texts in served:
+    for m, problems, completions in served:
+        texts = [c.text for c in completions]
         scores = edges.task.score_many(list(zip(problems, texts)))
         digest = hashlib.blake2b("\x1f".join(texts).encode(), digest_size=8).hexdigest()
         out[m.index] = ([s.reward for s in scores], sum(s.correct for s in scores),
                         sum(s.format_ok for s in scores), digest,
-                        sum(s.too_long for s in scores))
+                        sum(s.too_long for s in scores),
+                        sum(len(c.token_ids) for c in completions))
     return out
+
+
+def generated_tokens(gathered: dict[int, tuple]) -> dict[str, float]:
+    """The tokens every member generated this iteration (EOS included where one ended a
+    completion): the token side of the budget, beside samples/generated."""
+    return {"tokens/iteration": float(sum(g[5] for g in gathered.values()))}
 
 
 def evaluate_members(edges: Edges, state: pes.ESState, members, batch: list[Problem],
@@ -256,6 +265,7 @@ def step(edges: Edges, state: pes.ESState, problems: list[Problem], cfg: ESRunCo
                                                             cfg.runtime.torch_dtype())
     metrics.update(pair_diagnostics(members, gathered))
     metrics["es/too_long"] = float(sum(g[4] for g in gathered.values()))
+    metrics.update(generated_tokens(gathered))
     # Greedy rollouts generated so far (every member on each of its prompts): the budget
     # axis the comparison report shares with the gradient trainers' samples/generated.
     samples = (iteration + 1) * rewards_N_P.numel()

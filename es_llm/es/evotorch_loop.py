@@ -28,8 +28,8 @@ import torch
 
 from es_llm.errors import BadInput, NonFinite
 from es_llm.es.config import ESRunConfig
-from es_llm.es.engine import (Edges, Search, gather, member_prompts, member_sampling,
-                              owned_members, prompt_batch, score_served)
+from es_llm.es.engine import (Edges, Search, gather, generated_tokens, member_prompts,
+                              member_sampling, owned_members, prompt_batch, score_served)
 from es_llm.finite import Diverged, check
 from es_llm.tasks import Problem
 from populations.evotorch_bridge import make_search, search_bytes, search_center
@@ -108,7 +108,7 @@ def init(cfg: ESRunConfig, edges: Edges) -> SearchState:
 
 def _vector_served(edges: Edges, state: SearchState, values_N_D: torch.Tensor, mine, batch,
                    assigned, params):
-    """``(member, problems, texts)`` for each member this rank owns, its row of the
+    """``(member, problems, completions)`` for each member this rank owns, its row of the
     population written as the evolving tensors (then the centre again)."""
     try:
         for m in mine:
@@ -116,7 +116,7 @@ def _vector_served(edges: Edges, state: SearchState, values_N_D: torch.Tensor, m
             problems = [batch[i] for i in assigned[m.index]]
             completions = edges.backend.generate([p.prompt for p in problems], params,
                                                  keys=[p.id for p in problems])
-            yield m, problems, [c[0].text for c in completions]
+            yield m, problems, [c[0] for c in completions]
     finally:
         edges.weights.set_master(state.params)
 
@@ -153,6 +153,7 @@ def step(edges: Edges, state: SearchState, problems: list[Problem], cfg: ESRunCo
     metrics = _moved(state, rewards_N_P, edges)
     fitness_N = rewards_N_P.mean(dim=1).to(torch.float32)
     metrics["es/too_long"] = float(sum(g[4] for g in gathered.values()))
+    metrics.update(generated_tokens(gathered))
     metrics.update({"samples/generated": float(state.iteration * rewards_N_P.numel()),
                     "perf/iter_s": time.perf_counter() - t0})
     ledger = {"iteration": state.iteration - 1, "run_seed": cfg.seed,

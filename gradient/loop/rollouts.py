@@ -128,7 +128,8 @@ def generate_groups(edges, problems: list, cfg: GRPORunConfig, step: int, round_
 def collect(edges, problems: list, cfg: GRPORunConfig, step: int, prefix_state, prefix_cfg):
     """The step's groups, DAPO's dynamic sampling applied when on; returns
     ``(groups, prefix_state, metrics)``. Metrics describe everything generated, dropped
-    groups included; ``samples/generated`` counts every rollout sampled."""
+    groups included; ``samples/generated`` counts every rollout sampled and
+    ``tokens/iteration`` every token they generated."""
     ds = cfg.algo.dynamic_sampling
     rounds = ds.max_gen_batches if ds.enabled else 1
     G, wanted = cfg.rollout.group_size, cfg.rollout.prompts_per_step
@@ -161,6 +162,7 @@ def collect(edges, problems: list, cfg: GRPORunConfig, step: int, prefix_state, 
         "rollout/gen_rounds": float(len(seen)),
         "rollout/groups_kept": float(len(out.problems)),
         "samples/step": float(lengths.numel()),
+        "tokens/iteration": float(lengths.sum()),
     }
     if prefix_cfg is not None:
         metrics["prefix/fraction_mean"] = sum(every.prefix_P) / max(1, len(every.prefix_P))
