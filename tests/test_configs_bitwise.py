@@ -46,6 +46,10 @@ def test_every_shipped_training_config_has_a_case():
 @pytest.mark.slow
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.config)
 def test_config_gives_the_recorded_weights_metrics_and_ledger(case, runs, reference):
+    if case.config not in reference:
+        pytest.skip(f"{case.config} has no figures recorded for this CPU type; record them "
+                    f"from a commit before a change with: "
+                    f"python tests/bitwise_runs.py --record-missing")
     _, got = runs.get(case)
     want = reference[case.config]
     assert got["weights"] == want["weights"]
