@@ -59,14 +59,35 @@ def _mean(values):
     return sum(values) / len(values)
 
 
+def _gain(out: Path) -> float:
+    """Mean reward of the last six steps minus that of the first six."""
+    rewards = [m["reward/mean"] for m in read_jsonl(out / "metrics.jsonl")]
+    return _mean(rewards[-6:]) - _mean(rewards[:6])
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("config", DLLM_CI_CONFIGS[:3])
+@pytest.mark.parametrize("config", DLLM_CI_CONFIGS[:2])
 def test_rl_methods_raise_the_reward(ci_diffusion, tmp_path, config):
     out = tmp_path / "r"
     assert run(config, out, ci_diffusion / "diffusion", *RISE) == 0
-    rewards = [m["reward/mean"] for m in read_jsonl(out / "metrics.jsonl")]
-    first, last = _mean(rewards[:6]), _mean(rewards[-6:])
-    assert last > first + 0.02, rewards
+    assert _gain(out) > 0.02, [m["reward/mean"] for m in read_jsonl(out / "metrics.jsonl")]
+
+
+@pytest.mark.slow
+def test_slim_raises_the_reward_over_seeds(ci_diffusion, tmp_path):
+    """SLIM-RL scores a rollout by a sequence-level mean over random masks, a noisier
+    signal than d1's or TraceRL's on this model: with RISE alone its reward fell in 2 of
+    seeds 0-3 (Intel Xeon ci testbed), with 8 rollouts per prompt in 1 of seeds 0-7
+    (gains -0.02..+0.15, mean +0.06; seeds 4-7, run after the setting was chosen, all
+    rose). So the claim tested is the mean gain over four seeds, positive by more than a
+    point of reward (their spread is about 0.045 per seed, 0.022 for a four-seed mean)."""
+    gains = []
+    for seed in range(4):
+        out = tmp_path / f"seed{seed}"
+        assert run("dllm_slim_countdown_ci.yaml", out, ci_diffusion / "diffusion", *RISE,
+                   "rollout.group_size=8", f"seed={seed}") == 0
+        gains.append(_gain(out))
+    assert _mean(gains) > 0.01, gains
 
 
 @pytest.mark.slow

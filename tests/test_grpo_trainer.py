@@ -274,23 +274,28 @@ def test_opd_lowers_the_students_reverse_kl_to_the_teacher(name, ci_testbed, tmp
         # RSTG distils only where every rollout failed, weighted by the teacher's solve rate,
         # so the teacher must solve what the student cannot: the ci testbed's stronger model
         # teaches a damaged copy of itself (weights + noise), with the weight held at 2 and
-        # every token selected so that 12 steps show the direction.
+        # every token selected. The Intel-built strong model solves about 7% of these prompts
+        # (omega_mean), so the distilled rows are few: at lr 1e-3 the GRPO and SFT terms
+        # left the exact KL below at 0.80-0.96 of its start after 12 steps, 0.80-1.07 after 24
+        # (seeds 0-3); at lr 3e-4 and 24 steps at 0.41-0.74 (seeds 0-3), then 0.51-0.61 on
+        # seeds 4-6, run after the setting was chosen.
         student, teacher = (_perturbed_copy(teachers / "strong", tmp_path / "student", 0.03),
                             teachers / "strong")
         overrides += [f"model={student}", f"algo.distill.teacher={teacher}",
                       "algo.distill.rstg.teacher_samples=4", "algo.distill.rstg.beta_init=2",
-                      "algo.distill.rstg.beta_floor=2", "algo.distill.rstg.token_frac=1"]
+                      "algo.distill.rstg.beta_floor=2", "algo.distill.rstg.token_frac=1",
+                      "steps=24", "optim.lr=3e-4"]
     assert main(["opd", "--config", str(ROOT / "configs" / name), "--out", str(out),
                  "--no-progress", *overrides]) == 0
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     kl = [r["distill/reverse_kl"] for r in rows]
     # The logged reverse KL is estimated on each step's own 32 rollouts (one step's value
-    # swings by a fifth), so three-step means are compared: 0.43-0.69 over seeds 0-2 here.
+    # swings by a fifth), so three-step means are compared: 0.43-0.69 over seeds 0-2 (AMD EPYC).
     assert kl[0] > 0.05 and sum(kl[-3:]) < 0.8 * sum(kl[:3]), kl
     method = load_config(GRPORunConfig, path=out / "config.yaml").algo.distill
     if method.method not in ("w2s", "avsd"):
         # Where the target is the teacher itself, the exact KL on fixed sequences must fall
-        # too (0.68-0.79 of its start over seeds 0-2 here).
+        # too (0.68-0.79 of its start over seeds 0-2, AMD EPYC ci testbed).
         sequences = _greedy_sequences(student, _eval_prompts(ci_testbed))
         before = _exact_kl(student, teacher, sequences)
         after = _exact_kl(out / "checkpoints" / "final", teacher, sequences)
