@@ -24,8 +24,7 @@ rate as in Qiu et al. 2025), with E_d in place of full-rank noise.
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -82,8 +81,7 @@ def accumulate(coefs: Sequence[tuple[int, float]], name: str, shape: torch.Size,
 
     Directions are taken in the order of ``coefs`` in groups of ``chunk``; each group adds
     ``(A_cat * c) @ B_cat^T / sqrt(r)``, where ``A_cat`` is ``(out, k r)``. Memory: the
-    accumulator plus one group's factors. On a CPU the products run on one thread (see
-    ``_one_cpu_thread``).
+    accumulator plus one group's factors.
     """
     acc = torch.zeros(tuple(shape), dtype=torch.float32, device=device)
     for start in range(0, len(coefs), chunk):
@@ -95,27 +93,8 @@ def accumulate(coefs: Sequence[tuple[int, float]], name: str, shape: torch.Size,
             As.append(A.to(acc.device, torch.float32) * torch.tensor(c, dtype=torch.float32))
             Bs.append(B.to(acc.device, torch.float32))
         A_cat, B_cat = torch.cat(As, dim=1), torch.cat(Bs, dim=1)
-        with _one_cpu_thread(acc.device):
-            acc.addmm_(A_cat, B_cat.T, alpha=1.0 / math.sqrt(As[0].shape[1]))
+        # A plain product, scaled after: MKL's addmm with alpha != 1 rounded differently
+        # with the thread count (an Intel Xeon, 1 vs 2 threads), and mpirun gives each rank
+        # a share of the cores, so two ranks missed the serial weights.
+        acc.add_(A_cat @ B_cat.T, alpha=1.0 / math.sqrt(As[0].shape[1]))
     return acc
-
-
-@contextmanager
-def _one_cpu_thread(device: torch.device) -> Iterator[None]:
-    """Run the enclosed CPU matrix products on one thread, restoring the count after.
-
-    Why: MKL's multi-threaded ``addmm`` may round differently with another thread count (on
-    an Intel Xeon, a (256, 64) accumulation differed in its last bits between 1 and 2
-    threads), and ``mpirun -n P`` gives each rank 1/P of the cores, so the update of a
-    2-rank run would not be the serial run's. One thread makes the sum's order depend on
-    the shapes only. GPU products are left alone: their order does not depend on the host.
-    """
-    if device.type != "cpu":
-        yield
-        return
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)

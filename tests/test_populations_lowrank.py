@@ -58,8 +58,8 @@ def test_estimate_equals_the_explicit_sum_and_ignores_chunking():
 
 def test_estimate_bits_do_not_depend_on_the_thread_count():
     """mpirun gives each rank a share of the cores: the update must be the serial one. On an
-    Intel Xeon this accumulation differed in its last bits between 1 and 2 threads while
-    the products ran multi-threaded; the thread count is restored after."""
+    Intel Xeon this accumulation differed in its last bits between 1 and 2 threads when the
+    products were MKL's addmm with a scale."""
     coefs = [(d, 0.01 * (d - 16)) for d in range(32)]
     before = torch.get_num_threads()
     sums = []
@@ -68,7 +68,6 @@ def test_estimate_bits_do_not_depend_on_the_thread_count():
             torch.set_num_threads(threads)
             sums.append(lowrank.accumulate(coefs, "w", torch.Size((256, 64)),
                                            lowrank.keyed_factors(0, 0, 2)))
-            assert torch.get_num_threads() == threads
     finally:
         torch.set_num_threads(before)
     assert torch.equal(sums[0], sums[1]) and torch.equal(sums[0], sums[2])
