@@ -81,7 +81,8 @@ def accumulate(coefs: Sequence[tuple[int, float]], name: str, shape: torch.Size,
 
     Directions are taken in the order of ``coefs`` in groups of ``chunk``; each group adds
     ``(A_cat * c) @ B_cat^T / sqrt(r)``, where ``A_cat`` is ``(out, k r)``. Memory: the
-    accumulator plus one group's factors.
+    accumulator, one group's factors and one ``(out, in)`` product (the product is not
+    accumulated in place; see below).
     """
     acc = torch.zeros(tuple(shape), dtype=torch.float32, device=device)
     for start in range(0, len(coefs), chunk):
