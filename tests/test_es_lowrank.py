@@ -60,7 +60,6 @@ def test_a_member_in_rows_equals_its_written_weights(ci_testbed):
         logits_rows = model(input_ids=ids.repeat(len(members) * k, 1)).logits
     pert = perturbation("lowrank", KindInput(3, 1, rank=rank))
     weights = ModuleWeights(model, names)
-    rows.close()
     differs = 0
     for i, (d, s) in enumerate(members):
         weights.perturb(lambda name, shape, d=d: pert.dense(d, name, shape), s, sigma)

@@ -186,14 +186,25 @@ def test_es_refuses_a_context_too_short_before_writing(standin, tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def top_two_gap(model, ids: list[int]) -> float:
+    """The log-prob margin of the model's best next token over its second best."""
+    with torch.no_grad():
+        logp = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0, -1], -1)
+    top = logp.topk(2).values
+    return float(top[0] - top[1])
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_rows_equal_written_weights_for_a_lowrank_member(standin, arch):
+    """Logits to float32 kernels, and greedy completions token for token: where the two
+    ways part, the written model was at a near tie."""
     folder = standin(arch)
     model = AutoModelForCausalLM.from_pretrained(folder).eval()
     tok = AutoTokenizer.from_pretrained(folder)
+    backend = HFBackend(str(folder), model=model, tokenizer=tok)
     names = [n for n, _ in model.named_parameters()]
     rows = RowAdapters(model, names)
-    rank, sigma, k = 2, 0.05, 2
+    rank, sigma, k = 2, 0.05, 4
     members = [(0, 1), (0, -1), (5, 1)]
     shapes = {n: p.shape for n, p in model.named_parameters()}
     factors = {(d, n): lowrank.factors(3, 1, d, n, shapes[n], rank)
@@ -203,21 +214,30 @@ def test_rows_equal_written_weights_for_a_lowrank_member(standin, arch):
     B = {n: torch.stack([factors[d, n][1] for d, _ in members]) for n in rows.matrices}
     prompts = [r["prompt"] for r in read_jsonl(folder / "data" / "countdown_rl.jsonl")][:k]
     ids = tok(prompts[0], return_tensors="pt").input_ids
+    greedy = SamplingParams(n=1, temperature=0.0, max_tokens=24)
     with torch.no_grad(), rows.members(A, B, k):
         logits_rows = model(input_ids=ids.repeat(len(members) * k, 1)).logits
-    rows.close()
+        served = backend.generate([p for _ in members for p in prompts], greedy)
     pert = perturbation("lowrank", KindInput(3, 1, rank=rank))
     weights = ModuleWeights(model, names)
     with torch.no_grad():
         base = model(input_ids=ids).logits
+    parted = []
     for i, (d, s) in enumerate(members):
         weights.perturb(lambda name, shape, d=d: pert.dense(d, name, shape), s, sigma)
         with torch.no_grad():
             written = model(input_ids=ids).logits
-        weights.restore()
+        written_ids = [c[0].token_ids for c in backend.generate(prompts, greedy)]
         for j in range(k):
             torch.testing.assert_close(logits_rows[i * k + j], written[0], atol=1e-4, rtol=1e-4)
+            row_ids = served[i * k + j][0].token_ids
+            if row_ids != written_ids[j]:
+                at = next(t for t, (a, b) in enumerate(zip(row_ids, written_ids[j])) if a != b)
+                prefix = tok(prompts[j]).input_ids + list(written_ids[j][:at])
+                parted.append(top_two_gap(model, prefix))
+        weights.restore()
         assert (written - base).abs().max() > 1e-2  # the member is not the base model
+    assert all(g < NEAR_TIE for g in parted) and len(parted) <= 2, parted
 
 
 # --- HF against vLLM, one engine per architecture in a process of its own -------------------
