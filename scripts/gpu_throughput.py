@@ -23,9 +23,10 @@ generate calls of 33 forward passes (prefill + 32 tokens): full rank 4 + 4 (plai
 N = 256 4 + 4, N = 4,096 16 + 16, plus 3 warm-ups: 51 calls, 1,683 forward passes. The one
 GPU measurement recorded (docs/benchmarks.md, H200, Qwen2.5-0.5B's shape, HF backend) took
 1,493 ms for 64 rows x 64 tokens, 23 ms a step; at that rate a model takes 39 s. Allowing
-2x per step at 1.5B (28 wider layers) and 2x for the row terms' extra products and the
-1,024-row calls gives at most 39 x 2 + 39 x 4 = 234 s of generation for both models, and
-about 30 s of model loading (3 loads per model); the estimate is not yet checked on a GPU.
+2x per step for the row terms' extra products and the 1,024-row calls, and another 2x at
+1.5B (28 wider layers): 39 x 2 = 78 s at 0.5B and 39 x 4 = 156 s at 1.5B, 234 s of
+generation, plus about 30 s of loading (3 loads per model): under 4.5 minutes, leaving 3.5
+for the stages and the gpu-marked tests. The estimate is not yet checked on a GPU.
 """
 
 from __future__ import annotations
