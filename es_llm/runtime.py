@@ -33,6 +33,7 @@ from es_llm.errors import BadInput
 
 DTYPES = ("float32", "bfloat16", "float16")
 ATTENTION = ("auto", "eager", "sdpa", "flash_attention_2")
+KV_CACHES = ("dynamic", "static", "compiled")
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,11 @@ class Runtime:
     # transformers' attention implementation: auto (transformers' default), eager, sdpa or
     # flash_attention_2 (needs the flash-attn package and a GPU).
     attn_implementation: str = choice("auto", lambda: ATTENTION)
+    # The HF backend's KV cache: dynamic (grows by one position a step), static (preallocated
+    # for the call's prompt + max_tokens) or compiled (static, with the decode step compiled
+    # by torch.compile; CUDA graphs on a GPU). Greedy ids are the same with all three; which
+    # is fastest depends on the model, batch and device (docs/benchmarks.md).
+    kv_cache: str = choice("dynamic", lambda: KV_CACHES)
     # Trainers (grpo, opd, sft, latent-revise): recompute activations in the backward pass
     # instead of keeping them, trading compute for memory.
     gradient_checkpointing: bool = False

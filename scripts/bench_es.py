@@ -191,25 +191,48 @@ def lowrank_cfg(model: str, args, population: int) -> ESRunConfig:
                               members_per_call=args.members_per_call)))
 
 
-def lowrank_setup(model: str, args, population: int):
-    """The run, its edges, and iteration 0's state, members and prompt batch."""
-    cfg = lowrank_cfg(model, args, population)
+def setup_of(cfg: ESRunConfig):
+    """The run's edges, and iteration 0's state, members and prompt batch."""
     edges, problems = build_edges(cfg, SerialComm())
     state = pes.init(cfg.es, edges.weights.master, cfg.seed)
-    return cfg, edges, state, pes.ask(cfg.es, state), prompt_batch(problems, cfg, 0)
+    return edges, state, pes.ask(cfg.es, state), prompt_batch(problems, cfg, 0)
+
+
+def lowrank_setup(model: str, args, population: int):
+    """The low-rank run, its edges, and iteration 0's state, members and prompt batch."""
+    cfg = lowrank_cfg(model, args, population)
+    return (cfg, *setup_of(cfg))
+
+
+def member_rows(cfg: ESRunConfig, members, batch) -> list[str]:
+    """Every member's prompts, member after member: the rows a population generates."""
+    assigned = member_prompts(members, len(batch), cfg.engine.prompts_per_member)
+    return [batch[i].prompt for m in members for i in assigned[m.index]]
+
+
+def plain_batched(backend, rows: list[str], params: SamplingParams, per_call: int) -> list:
+    """The same rows generated without ES, in calls of ``per_call`` rows (the baseline);
+    returns one completion per row."""
+    return [c[0] for start in range(0, len(rows), per_call)
+            for c in backend.generate(rows[start:start + per_call], params)]
+
+
+def full_rank_of(cfg: ESRunConfig) -> ESRunConfig:
+    """``cfg`` as full-rank ES: each member's weights written, then its prompts generated
+    (the only way full-rank members can be served)."""
+    return dataclasses.replace(cfg, es=dataclasses.replace(cfg.es, kind="full"),
+                               engine=dataclasses.replace(cfg.engine, serve="weights"))
 
 
 def lowrank_throughput(model: str, args) -> dict:
     """Items 6 and 7 at ``--population`` members."""
     cfg, edges, state, members, batch = lowrank_setup(model, args, args.population)
     params = SamplingParams(n=1, temperature=0.0, max_tokens=cfg.max_tokens, seed=cfg.seed)
-    assigned = member_prompts(members, len(batch), cfg.engine.prompts_per_member)
-    rows = [batch[i].prompt for m in members for i in assigned[m.index]]
+    rows = member_rows(cfg, members, batch)
     per_call = cfg.engine.members_per_call * cfg.engine.prompts_per_member
 
     def plain():
-        for start in range(0, len(rows), per_call):
-            edges.backend.generate(rows[start:start + per_call], params)
+        plain_batched(edges.backend, rows, params, per_call)
 
     plain(), evaluate_members(edges, state, members, batch, cfg)  # warm up
     t_plain = timed(plain, args.repeats)
@@ -217,10 +240,8 @@ def lowrank_throughput(model: str, args) -> dict:
     rewards_N_P = torch.rand(len(members), cfg.engine.prompts_per_member, dtype=torch.float64,
                              generator=torch.Generator().manual_seed(0))
     t_tell = timed(lambda: pes.tell(cfg.es, state, rewards_N_P), args.repeats)
-    # Full rank at the same members and prompts: each member's weights written, then its
-    # prompts generated (the only way full-rank members can be served).
-    full = dataclasses.replace(cfg, es=dataclasses.replace(cfg.es, kind="full"),
-                               engine=dataclasses.replace(cfg.engine, serve="weights"))
+    # Full rank at the same members and prompts.
+    full = full_rank_of(cfg)
     f_edges, _ = build_edges(full, SerialComm())
     f_state = pes.init(full.es, f_edges.weights.master, full.seed)
     t_full = timed(lambda: evaluate_members(f_edges, f_state, members, batch, full), 1)

@@ -1,6 +1,7 @@
-"""Time the training and evaluation stages on one model, on one device; print one JSON.
+"""Time the training and evaluation stages, and ES throughput, on one device; print one JSON.
 
-    python scripts/gpu_check.py --model runs/standin --device cuda --dtype bfloat16 --out runs/gpu
+    python scripts/gpu_check.py --model runs/standin --device cuda --dtype bfloat16 \
+        --out runs/gpu --throughput runs/standin-0.5b runs/standin
 
 Run by ``scripts/gpu_check.sh`` (which builds the model first). Stages, each an ``es-llm``
 command in a fresh process, in this order:
@@ -14,6 +15,10 @@ All on the HF backend (no vLLM). Per stage the JSON gives its wall seconds, its 
 and its peak GPU memory: ``torch.cuda.max_memory_allocated`` of the stage's process, read
 as it exits (null on the CPU). The device and dtype reach each command through
 ``RUNTIME_KEYS``, the one place their config keys are named.
+
+Then, per ``--throughput`` model (keyed by its folder's name), ``scripts/gpu_throughput.py``
+in a fresh process: full-rank ES and low-rank rows at N = 256 and 4,096 against plain
+batched generation of the same rows (samples/s, tokens/s, peak GPU memory; see there).
 """
 
 from __future__ import annotations
@@ -92,12 +97,27 @@ def run_stage(words: list[str], device: str, dtype: str, peak_file: Path) -> dic
             "peak_gpu_bytes": peak, "stderr_tail": done.stderr[-1500:] if done.returncode else ""}
 
 
+def run_throughput(model: Path, device: str, dtype: str) -> dict:
+    """``scripts/gpu_throughput.py`` on ``model`` in a fresh process: its report, with its
+    seconds and exit status (and the end of its error output if it failed)."""
+    t0 = time.perf_counter()
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_throughput.py"),
+                           "--model", str(model), "--device", device, "--dtype", dtype],
+                          cwd=ROOT, capture_output=True, text=True, check=False)
+    report = json.loads(done.stdout) if done.returncode == 0 else {}
+    return {**report, "seconds": round(time.perf_counter() - t0, 2),
+            "returncode": done.returncode,
+            "stderr_tail": done.stderr[-1500:] if done.returncode else ""}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True, type=Path, help="a model folder with data/")
     p.add_argument("--device", default="cuda", help="cuda or cpu")
     p.add_argument("--dtype", default="bfloat16", help="float32, bfloat16 or float16")
     p.add_argument("--out", required=True, type=Path, help="a folder for the stages' runs")
+    p.add_argument("--throughput", nargs="*", default=[], type=Path, metavar="MODEL",
+                   help="model folders to measure ES throughput on (scripts/gpu_throughput.py)")
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     report = {"model": str(args.model), "device": args.device, "dtype": args.dtype,
@@ -105,8 +125,11 @@ def main(argv: list[str] | None = None) -> int:
     for name, words in stages(args.model, args.out):
         report["stages"][name] = run_stage(words, args.device, args.dtype,
                                            args.out / f"{name}.peak.json")
+    report["throughput"] = {model.name: run_throughput(model, args.device, args.dtype)
+                            for model in args.throughput}
     print(json.dumps(report))
-    return 0 if all(s["returncode"] == 0 for s in report["stages"].values()) else 1
+    ran = [*report["stages"].values(), *report["throughput"].values()]
+    return 0 if all(r["returncode"] == 0 for r in ran) else 1
 
 
 if __name__ == "__main__":

@@ -122,6 +122,30 @@ def test_hf_sampling_is_reproducible_from_the_seed(hf_engine, ci_testbed):
     assert all(len(row) == 4 for row in a)
 
 
+@pytest.mark.parametrize("kv_cache", ["static", pytest.param("compiled", marks=pytest.mark.slow)])
+def test_static_and_compiled_decoding_give_the_dynamic_loops_greedy_ids(hf_engine, ci_testbed,
+                                                                        kv_cache):
+    """Through runtime.kv_cache; 24 prompts in batches of 16 and 8, twice, so a cache is
+    built per batch shape and reused (reset) by the second call."""
+    prompts = eval_prompts(ci_testbed, 24)
+    p = SamplingParams(n=1, temperature=0, max_tokens=48, logprobs=True)
+    backend = make_backend(BackendSpec(str(ci_testbed), backend="hf", batch_size=16,
+                                       runtime=Runtime(kv_cache=kv_cache)))
+    assert backend.kv_cache == kv_cache
+    dynamic = [row[0] for row in hf_engine.generate(prompts, p)]
+    for _ in range(2):
+        other = [row[0] for row in backend.generate(prompts, p)]
+        assert [c.token_ids for c in other] == [c.token_ids for c in dynamic]
+        # Attention over the longer preallocated cache rounds differently, not by more.
+        assert all(a == pytest.approx(b, abs=1e-4) for c, d in zip(other, dynamic)
+                   for a, b in zip(c.logprobs, d.logprobs))
+
+
+def test_an_unknown_kv_cache_is_refused():
+    with pytest.raises(BadInput, match="runtime.kv_cache"):
+        Runtime(kv_cache="paged")
+
+
 def test_hf_stop_strings_and_logprobs(hf_engine, ci_testbed):
     prompts = eval_prompts(ci_testbed, 4)
     full = hf_engine.generate(prompts, SamplingParams(n=1, temperature=0, max_tokens=48,

@@ -80,13 +80,15 @@ def test_a_standin_is_the_same_for_a_seed_and_another_for_another(tmp_path):
     assert all((a / f).read_bytes() != (c / f).read_bytes() for f in files)
 
 
-def test_the_1_5b_shape_has_qwen2_5_1_5b_parameter_count():
+# Qwen2.5-0.5B: 0.49 B parameters; Qwen2.5-1.5B: 1.54 B (1.31 B without the tied embedding).
+@pytest.mark.parametrize("shape, count", [("qwen2.5-0.5b", 494_032_768),
+                                          ("qwen2.5-1.5b", 1_543_714_304)])
+def test_the_qwen2_5_shapes_have_their_parameter_counts(shape, count):
     tok = train_tokenizer(["nums 4 1 make 4"], 300)
-    config = model_config("qwen2", "qwen2.5-1.5b", tok)
+    config = model_config("qwen2", shape, tok)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
-    # Qwen2.5-1.5B: 1.54 B parameters (1.31 B without the tied embedding).
-    assert sum(p.numel() for p in model.parameters()) == 1_543_714_304
+    assert sum(p.numel() for p in model.parameters()) == count
     assert config.tie_word_embeddings and config.vocab_size == 151936
     assert all(s.head_dim * s.num_heads == s.hidden_size for s in SHAPES.values())
 
@@ -94,7 +96,8 @@ def test_the_1_5b_shape_has_qwen2_5_1_5b_parameter_count():
 @pytest.mark.parametrize("arch, shape, dtype, message", [
     ("gpt2", "ci", "float32", "unknown stand-in architecture 'gpt2'; valid choices are: qwen2, "
                               "qwen3, llama, mistral, gemma"),
-    ("llama", "7b", "float32", "unknown stand-in shape '7b'; valid choices are: ci, qwen2.5-1.5b"),
+    ("llama", "7b", "float32", "unknown stand-in shape '7b'; valid choices are: ci, qwen2.5-0.5b, "
+                       "qwen2.5-1.5b"),
     ("llama", "ci", "int8", "unknown stand-in dtype 'int8'; valid choices are: float32, "
                             "bfloat16, float16"),
 ])
@@ -410,3 +413,15 @@ def test_the_gpu_check_times_every_stage_and_passes_the_runtime_on(tmp_path):
     assert "kind: lowrank" in (runs / "es_rows" / "config.yaml").read_text()
     comparison = json.loads((runs / "compare" / "comparison.json").read_text())
     assert len(comparison["problem_ids"]) == 50
+    # ES throughput beside plain batched generation, on the ci-shaped model.
+    throughput = report["throughput"]["ci"]
+    assert throughput["returncode"] == 0, throughput["stderr_tail"]
+    for name, population in [("full_rank", 4), ("rows_n256", 256), ("rows_n4096", 4096)]:
+        setting = throughput[name]
+        assert setting["population"] == population
+        for side in ("plain", "es"):
+            figures = setting[side]
+            assert figures["samples"] == setting["plain"]["samples"] > 0, (name, side)
+            rates = ("tokens", "seconds", "samples_per_s", "tokens_per_s")
+            assert all(figures[k] > 0 and math.isfinite(figures[k]) for k in rates), (name, side)
+            assert figures["peak_gpu_bytes"] is None

@@ -156,7 +156,8 @@ def _hf(spec: BackendSpec) -> Backend:
     return HFBackend(spec.model_path, device=spec.runtime.device,
                      load_kwargs=spec.runtime.load_kwargs(), model=spec.model,
                      tokenizer=spec.tokenizer,
-                     logprobs_mode=spec.logprobs_mode, **_batch(spec))
+                     logprobs_mode=spec.logprobs_mode, kv_cache=spec.runtime.kv_cache,
+                     **_batch(spec))
 
 
 @_BUILDERS.register("vllm")

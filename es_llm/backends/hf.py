@@ -4,6 +4,11 @@ The decoding loop is written out (KV cache, temperature, nucleus sampling) rathe
 delegated to ``model.generate`` so that sampling is driven by an explicit
 ``torch.Generator`` and so each generated token's logprob is the quantity vLLM reports in
 the same ``logprobs_mode`` (see ``sampled_logprobs``).
+
+The KV cache is ``runtime.kv_cache``: ``dynamic`` (grows by one position a step),
+``static`` (preallocated for the call, ``StaticDecoding``) or ``compiled`` (static, with the
+decode step compiled by ``torch.compile``; CUDA graphs on a GPU). All three give the same
+greedy ids (tested on the ci testbed).
 """
 
 from __future__ import annotations
@@ -77,19 +82,78 @@ def sampled_logprobs(logits_B_V: torch.Tensor, next_B: torch.Tensor, params: Sam
     return lp_B
 
 
+class DynamicDecoding:
+    """The KV cache and the attention mask grow by one position a step: attention spans
+    only what was generated so far, and every step has new shapes."""
+
+    def __init__(self, model, mask_B_L: torch.Tensor):
+        self.model, self.mask_B_L, self.cache = model, mask_B_L, None
+
+    def prefill(self, ids_B_L: torch.Tensor, pos_B_L: torch.Tensor) -> torch.Tensor:
+        """The prompts' forward pass; the next-token logits ``[B, V]``."""
+        out = self.model(input_ids=ids_B_L, attention_mask=self.mask_B_L, position_ids=pos_B_L,
+                         use_cache=True)
+        self.cache = out.past_key_values
+        return out.logits[:, -1]
+
+    def step(self, next_B: torch.Tensor, pos_B: torch.Tensor) -> torch.Tensor:
+        """One token per row at positions ``pos_B``; the next-token logits ``[B, V]``."""
+        ones_B_1 = torch.ones((len(next_B), 1), dtype=torch.long, device=next_B.device)
+        self.mask_B_L = torch.cat([self.mask_B_L, ones_B_1], dim=1)
+        out = self.model(input_ids=next_B[:, None], attention_mask=self.mask_B_L,
+                         position_ids=pos_B[:, None], past_key_values=self.cache, use_cache=True)
+        self.cache = out.past_key_values
+        return out.logits[:, -1]
+
+
+class StaticDecoding(DynamicDecoding):
+    """A KV cache and a mask preallocated for the whole call (prompt + max_tokens, rounded
+    up to ``STATIC_LEN_STEP``), written in place: every step has the same shapes and the
+    same tensors, which a compiled step (``step_fn``) needs to run without recompiling.
+    Attention spans the whole preallocated length at every step (masked past the tokens
+    generated so far), which costs more than the dynamic cache where the model is small."""
+
+    def __init__(self, model, mask_B_L: torch.Tensor, cache, length: int, step_fn):
+        B, L = mask_B_L.shape
+        super().__init__(model, torch.zeros((B, length), dtype=torch.long,
+                                            device=mask_B_L.device))
+        self.mask_B_L[:, :L] = mask_B_L
+        self.cache, self.step_fn, self.filled = cache, step_fn, L
+
+    def prefill(self, ids_B_L: torch.Tensor, pos_B_L: torch.Tensor) -> torch.Tensor:
+        out = self.model(input_ids=ids_B_L, attention_mask=self.mask_B_L, position_ids=pos_B_L,
+                         past_key_values=self.cache, use_cache=True)
+        return out.logits[:, -1]
+
+    def step(self, next_B: torch.Tensor, pos_B: torch.Tensor) -> torch.Tensor:
+        self.mask_B_L[:, self.filled] = 1
+        self.filled += 1
+        out = self.step_fn(input_ids=next_B[:, None], attention_mask=self.mask_B_L,
+                           position_ids=pos_B[:, None], past_key_values=self.cache,
+                           use_cache=True)
+        # A CUDA-graph replay writes its outputs into the same buffers every step.
+        return out.logits[:, -1].clone()
+
+
+# Static cache lengths are rounded up to a multiple of this, so calls whose prompts differ
+# a little in length share one cache and one compiled step.
+STATIC_LEN_STEP = 16
+
+
 class HFBackend:
     """Batched sampling from an ``AutoModelForCausalLM`` on the CPU (or a given device).
 
     ``logprobs_mode`` says which logprob ``SamplingParams.logprobs`` returns: ``"raw"``
     (unscaled log-softmax) or ``"processed"`` (after temperature and top-p); see
-    ``sampled_logprobs``.
+    ``sampled_logprobs``. ``kv_cache``: ``dynamic``, ``static`` or ``compiled`` (see the
+    module docstring).
     """
 
     name = "hf"
 
     def __init__(self, model_path: str, batch_size: int = 512, device: str = "cpu",
                  load_kwargs: dict | None = None, model=None, tokenizer=None,
-                 logprobs_mode: str = "raw"):
+                 logprobs_mode: str = "raw", kv_cache: str = "dynamic"):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.logprobs_mode = check_logprobs_mode(logprobs_mode)
@@ -100,6 +164,11 @@ class HFBackend:
         self.model.to(device).eval()
         self.device = device
         self.batch_size = batch_size
+        self.kv_cache = kv_cache
+        # The last static cache, reused by the next call of the same batch and length: a
+        # compiled step is specialised to its tensors.
+        self._static: tuple[tuple[int, int], object] | None = None
+        self._compiled_step = None
 
     def generate(self, prompts: Sequence[str | Sequence[int]], params: SamplingParams,
                  progress: bool = False, keys: Sequence[Hashable] | None = None
@@ -137,9 +206,8 @@ class HFBackend:
         ids_B_L, mask_B_L = ids_B_L.to(self.device), mask_B_L.to(self.device)
         pos_B_L = (mask_B_L.cumsum(-1) - 1).clamp(min=0)
 
-        out = self.model(input_ids=ids_B_L, attention_mask=mask_B_L, position_ids=pos_B_L,
-                         use_cache=True)
-        cache, logits_B_V = out.past_key_values, out.logits[:, -1]
+        decoding = self._decoding(mask_B_L, params.max_tokens)
+        logits_B_V = decoding.prefill(ids_B_L, pos_B_L)
         next_pos_B = pos_B_L[:, -1] + 1
         # Per-row state lives in tensors: at thousands of rows (an ES population in one call)
         # a Python loop over rows at every token would cost more than the model.
@@ -170,18 +238,37 @@ class HFBackend:
                         done_B[i] = stopped_B[i] = True
             if bool(done_B.all()):
                 break
-            mask_B_L = torch.cat([mask_B_L, torch.ones((B, 1), dtype=torch.long,
-                                                       device=self.device)], dim=1)
-            out = self.model(input_ids=next_B[:, None], attention_mask=mask_B_L,
-                             position_ids=next_pos_B[:, None], past_key_values=cache,
-                             use_cache=True)
-            cache, logits_B_V = out.past_key_values, out.logits[:, -1]
+            logits_B_V = decoding.step(next_B, next_pos_B)
             next_pos_B = next_pos_B + 1
         lengths = length_B.tolist()
         return [self._finish(tokens_B_T[i, :n].tolist(),
                              lps_B_T[i, :n].tolist() if params.logprobs else None,
                              "stop" if stopped_B[i] else "length", params)
                 for i, n in enumerate(lengths)]
+
+    def _decoding(self, mask_B_L: torch.Tensor, max_tokens: int) -> DynamicDecoding:
+        """How this call decodes, by ``kv_cache``."""
+        if self.kv_cache == "dynamic":
+            return DynamicDecoding(self.model, mask_B_L)
+        B, L = mask_B_L.shape
+        key = (B, -(-(L + max_tokens) // STATIC_LEN_STEP) * STATIC_LEN_STEP)
+        if self._static is None or self._static[0] != key:
+            from transformers import StaticCache
+
+            self._static = key, StaticCache(config=self.model.config, max_cache_len=key[1])
+        cache = self._static[1]
+        cache.reset()
+        return StaticDecoding(self.model, mask_B_L, cache, key[1], self._step_fn())
+
+    def _step_fn(self):
+        """The decode step: the model itself, or (``compiled``) compiled once per backend,
+        with CUDA graphs on a GPU (``reduce-overhead``) to drop the per-kernel launches."""
+        if self.kv_cache != "compiled":
+            return self.model
+        if self._compiled_step is None:
+            mode = "reduce-overhead" if str(self.device).startswith("cuda") else "default"
+            self._compiled_step = torch.compile(self.model, mode=mode, dynamic=False)
+        return self._compiled_step
 
     def _finish(self, token_ids: list[int], logprobs, finish: str,
                 params: SamplingParams) -> Completion:
@@ -192,4 +279,4 @@ class HFBackend:
                           finish_reason=finish)
 
     def close(self) -> None:
-        self.model = None
+        self.model = self._static = self._compiled_step = None

@@ -4,11 +4,12 @@ A stand-in is a Hugging Face model folder (config.json, model.safetensors, token
 that transformers and vLLM both load: one of ``ARCHITECTURES`` (Qwen2, Qwen3, Llama,
 Mistral, Gemma, each with the layout details that make it differ: Qwen2's q/k/v biases,
 Qwen3's q/k norms, Gemma's (1 + w) norms and scaled embedding, tied or untied output heads)
-at one of ``SHAPES`` (``ci``: tiny; ``qwen2.5-1.5b``: Qwen2.5-1.5B's published shape). Its
-weights are random (no training, no download), its tokenizer a byte-level BPE trained here
-on the Countdown data it ships under ``data/`` (the layout of a testbed folder, so
-``es-llm es model=FOLDER`` finds its prompts), with a ChatML chat template. Everything
-follows from ``seed``: two builds with the same arguments write the same files.
+at one of ``SHAPES`` (``ci``: tiny; ``qwen2.5-0.5b``, ``qwen2.5-1.5b``: the published shapes
+of Qwen2.5-0.5B and 1.5B). Its weights are random (no training, no download), its tokenizer
+a byte-level BPE trained here on the Countdown data it ships under ``data/`` (the layout of a
+testbed folder, so ``es-llm es model=FOLDER`` finds its prompts), with a ChatML chat
+template. Everything follows from ``seed``: two builds with the same arguments write the same
+files.
 
 transformers loads a qwen2 folder's tokenizer as ``Qwen2Tokenizer``, rebuilt from the saved
 vocabulary and merges with Qwen2's own pre-tokenizer (digits one by one); vLLM loads it the
@@ -59,6 +60,10 @@ SHAPES = {
     "ci": Shape(hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=32,
                 intermediate_size=256, max_positions=2048, rope_theta=10000.0,
                 tokenizer_vocab=512),
+    # Qwen2.5-0.5B (config.json of Qwen/Qwen2.5-0.5B), with the same small tokenizer.
+    "qwen2.5-0.5b": Shape(hidden_size=896, num_layers=24, num_heads=14, num_kv_heads=2,
+                          head_dim=64, intermediate_size=4864, max_positions=32768,
+                          rope_theta=1000000.0, tokenizer_vocab=512, vocab_size=151936),
     # Qwen2.5-1.5B (config.json of Qwen/Qwen2.5-1.5B); the tokenizer is the small one, which
     # the 151936-row embedding covers.
     "qwen2.5-1.5b": Shape(hidden_size=1536, num_layers=28, num_heads=12, num_kv_heads=2,
