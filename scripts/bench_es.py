@@ -75,6 +75,16 @@ def timed(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
+def timed_side_by_side(fns, repeats: int) -> list[float]:
+    """Median seconds of each of ``fns``, run in turn within each repeat, so that a slow
+    spell of a shared machine falls on all of them rather than on one."""
+    times = [[] for _ in fns]
+    for _ in range(repeats):
+        for fn, t in zip(fns, times):
+            t.append(timed(fn, 1))
+    return [statistics.median(t) for t in times]
+
+
 def _sync() -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()  # CUDA work is asynchronous: time what finished
@@ -235,8 +245,8 @@ def lowrank_throughput(model: str, args) -> dict:
         plain_batched(edges.backend, rows, params, per_call)
 
     plain(), evaluate_members(edges, state, members, batch, cfg)  # warm up
-    t_plain = timed(plain, args.repeats)
-    t_rows = timed(lambda: evaluate_members(edges, state, members, batch, cfg), args.repeats)
+    t_plain, t_rows = timed_side_by_side(
+        [plain, lambda: evaluate_members(edges, state, members, batch, cfg)], args.repeats)
     rewards_N_P = torch.rand(len(members), cfg.engine.prompts_per_member, dtype=torch.float64,
                              generator=torch.Generator().manual_seed(0))
     t_tell = timed(lambda: pes.tell(cfg.es, state, rewards_N_P), args.repeats)

@@ -114,10 +114,10 @@ class RowAdapters:
         return act.members
 
     def _linear_forward(self, module: torch.nn.Linear, name: str, g: int, lo: int, hi: int):
-        act, linear = self._active, torch.nn.functional.linear
+        act, original = self._active, type(module).forward
 
         def forward(x: torch.Tensor) -> torch.Tensor:
-            y = linear(x, module.weight, module.bias)
+            y = original(module, x)
             if act.last_x[g] is not x:
                 M = self._rows(x, name)
                 act.last_xB[g] = torch.bmm(x.reshape(M, -1, x.shape[-1]), act.B_group[g])
