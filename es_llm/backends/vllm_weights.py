@@ -122,7 +122,6 @@ class VLLMWeights:
     def __init__(self, llm, hf_weights):
         self.llm = llm
         self.hf = hf_weights
-        self._dtype = {n: p.dtype for n, p in hf_weights.params.items()}
 
     @property
     def params(self):
