@@ -13,7 +13,11 @@ Measures (record the output in docs/benchmarks.md with the machine):
    model size;
 4. iteration time of `mpirun -n 2` against one process at the same population;
 5. ES population throughput (samples/s) against plain generation of the same prompts and
-   sample count on the same backend, without ES.
+   sample count on the same backend, without ES;
+10. with ``--backend vllm``: es-llm's iteration (``es_llm.es.engine.step``: evaluation,
+   update, metrics) against the shortest full-rank ES loop over the same vLLM engine
+   (``scripts/plain_vllm_es.py``), from the same weights, with the same members and prompts,
+   alternately, and whether the two gave the same rewards and bitwise the same update.
 
 ``--lowrank`` measures low-rank ES instead (es.kind=lowrank, engine.serve=rows, HF backend):
 6. population throughput against plain batched generation of the same sequences in the
@@ -53,7 +57,7 @@ import torch
 from es_llm.backends.base import SamplingParams
 from es_llm.comm.serial import SerialComm
 from es_llm.es.config import EngineSettings, ESRunConfig
-from es_llm.es.engine import evaluate_members, member_prompts, prompt_batch
+from es_llm.es.engine import evaluate_members, member_prompts, prompt_batch, step
 from es_llm.es.setup import build_edges
 from es_llm.models import resolve_training_data
 from es_llm.runtime import Runtime
@@ -62,6 +66,9 @@ from es_llm.testbed.build import model_or_testbed
 from populations import es as pes
 from populations import lowrank
 from populations.noise import keyed_noise
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import plain_vllm_es  # noqa: E402
 
 
 def timed(fn, repeats: int) -> float:
@@ -140,6 +147,7 @@ def in_process(cfg: ESRunConfig, repeats: int) -> dict:
     t_perturb_restore = timed(lambda: (edges.weights.perturb(noise, +1, sigma),
                                        edges.weights.restore()), repeats)
     t_pair = timed(pair, repeats)
+    costs = weight_parts(edges, eps_for, sigma, repeats)
     t_generate = timed(lambda: edges.backend.generate(prompts, params), repeats)
     device = next(iter(edges.weights.master.values())).device
     numel = sum(s.numel() for s in shapes.values())
@@ -150,11 +158,12 @@ def in_process(cfg: ESRunConfig, repeats: int) -> dict:
         noise_rates[where] = numel * 4 / t / 1e6
     src, dst = torch.randn(numel, device=device), torch.empty(numel, device=device)
     t_copy = timed(lambda: dst.copy_(src), repeats)
-
-
+    del src, dst
     t_plain = timed(lambda: [edges.backend.generate(prompts, params) for _ in members], 1)
     t_es = timed(lambda: evaluate_members(edges, state, members, batch, cfg), 1)
     rewards = evaluate_members(edges, state, members, batch, cfg)
+    loop = (against_plain_loop(edges, state, problems, cfg, repeats)
+            if cfg.backend == "vllm" else None)
     # What crosses the wire in one exchange of 2 ranks (es_llm.comm.mpi): rank 1 sends rank 0
     # its members' rewards, rank 0 sends back every rank's.
     parts = [{n: r for n, r in rewards.items() if members[n].direction % 2 == rank}
@@ -171,7 +180,50 @@ def in_process(cfg: ESRunConfig, repeats: int) -> dict:
         "mpi_part_bytes": len(pickle.dumps((1, parts[1]))),
         "mpi_all_bytes": len(pickle.dumps((1, parts))), "model_bytes": numel * 4,
         "es_samples_per_s": samples / t_es, "plain_samples_per_s": samples / t_plain,
+        **costs, "noise_s": numel * 4 / 1e6 / noise_rates[cfg.es.noise_device],
+        "plain_loop": loop,
     }
+
+
+def weight_parts(edges, eps_for, sigma: float, repeats: int) -> dict:
+    """Item 1 in parts, in seconds: writing a member from noise already drawn, and restoring
+    the master (item 2 times the draw)."""
+    eps = {n: eps_for(1, n, s) for n, s in edges.weights.shapes().items()}
+    t_write = timed(lambda: edges.weights.perturb(lambda name, shape: eps[name], +1, sigma),
+                    repeats)
+    t_restore = timed(edges.weights.restore, repeats)
+    return {"write_s": t_write, "restore_s": t_restore}
+
+
+def against_plain_loop(edges, state, problems, cfg: ESRunConfig, repeats: int) -> dict:
+    """Item 10: es-llm's iteration (``step``) and the plain loop's from the same state on the
+    same engine, alternately, ``repeats`` times each (medians); and whether their rewards and
+    updates agree bitwise."""
+    batch = prompt_batch(problems, cfg, state.iteration)
+
+    def score(texts):
+        return [s.reward for s in edges.task.score_many(list(zip(batch, texts)))]
+
+    def plain():
+        return plain_vllm_es.iteration(
+            edges.backend.llm, state.params, [p.prompt for p in batch], score, seed=state.seed,
+            step=state.iteration, population=cfg.es.population, sigma=cfg.es.sigma,
+            lr=cfg.es.lr, max_tokens=cfg.max_tokens)
+
+    times = {"es_llm": [], "plain": []}
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        new_state, metrics, ledger = step(edges, state, problems, cfg)
+        times["es_llm"].append(time.perf_counter() - t0)
+        edges.weights.set_master(state.params)  # the next repeat starts from the same weights
+        t0 = time.perf_counter()
+        theta, rewards = plain()
+        times["plain"].append(time.perf_counter() - t0)
+    same_rewards = ledger["rewards_N_P"] == rewards.tolist()
+    same_update = all(torch.equal(theta[n], new_state.params[n]) for n in theta)
+    return {"es_llm_s": statistics.median(times["es_llm"]),
+            "plain_s": statistics.median(times["plain"]),
+            "same_rewards": same_rewards, "same_update": same_update}
 
 
 def iteration_times(model: str, cfg_args: list[str], ranks: int) -> float:
@@ -472,8 +524,10 @@ def main() -> None:
           f"greedy")
     print(f"1. perturb+restore {r['perturb_restore_s'] * 1e3:.1f} ms vs member generation "
           f"{r['member_generate_s'] * 1e3:.0f} ms: {100 * r['perturb_restore_share']:.2f}% of a "
-          f"member's evaluation; the engine's weight cost per member (pair / 2) "
-          f"{r['engine_member_s'] * 1e3:.1f} ms: {100 * r['engine_member_share']:.2f}%")
+          f"member's evaluation (target under 5%); the engine's weight cost per member "
+          f"(pair / 2) {r['engine_member_s'] * 1e3:.1f} ms: {100 * r['engine_member_share']:.2f}%"
+          f"; in parts: noise draw {r['noise_s'] * 1e3:.1f} ms, write of drawn noise "
+          f"{r['write_s'] * 1e3:.1f} ms, restore {r['restore_s'] * 1e3:.1f} ms")
     for where, rate in r["noise_MBps"].items():
         print(f"2. keyed noise on {where} {rate:,.0f} MB/s vs copy on {r['device']} "
               f"{r['copy_MBps']:,.0f} MB/s: {100 * rate / r['copy_MBps']:.1f}% of copy bandwidth")
@@ -487,6 +541,12 @@ def main() -> None:
               f"{one / two:.2f}x faster with 2 ranks")
     print(f"5. ES {r['es_samples_per_s']:.0f} samples/s vs plain generation "
           f"{r['plain_samples_per_s']:.0f} samples/s: {r['es_samples_per_s'] / r['plain_samples_per_s']:.2f}x")
+    loop = r["plain_loop"]
+    if loop:
+        print(f"10. es-llm iteration {loop['es_llm_s']:.2f} s vs plain vLLM loop "
+              f"{loop['plain_s']:.2f} s: {loop['es_llm_s'] / loop['plain_s']:.3f}x (target <= "
+              f"1.05x); same rewards: {loop['same_rewards']}, bitwise the same update: "
+              f"{loop['same_update']}")
 
 
 if __name__ == "__main__":

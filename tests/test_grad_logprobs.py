@@ -4,12 +4,7 @@ one-row-at-a-time reference, differentiable, and equal to what the samplers repo
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -20,8 +15,7 @@ from es_llm.backends.base import SamplingParams
 from es_llm.backends.hf import HFBackend, sampled_logprobs
 from es_llm.io import read_jsonl
 from gradient.dllm.estimators import EstimateInput, estimate
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from own_process import run_check
 
 
 @pytest.fixture(scope="module")
@@ -169,14 +163,7 @@ def test_vllm_processed_logprobs_and_pushed_weights_match_the_trainer(ci_testbed
     perturbed weights the engine's greedy completions are the HF model's (without the
     prefix-cache reset only 3 of 16 were)."""
     pytest.importorskip("vllm")
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-           "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, str(REPO_ROOT / "tests" / "vllm_rollout_check.py"),
-                           str(ci_testbed)], cwd=REPO_ROOT, env=env, capture_output=True,
-                          text=True, timeout=300, check=False)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
-    result = json.loads(lines[-1][len("RESULT "):])
+    result = run_check("vllm_rollout_check.py", str(ci_testbed), timeout=300)
     mismatch, push = result["mismatch"], result["push"]
     assert mismatch["tokens"] > 500
     assert mismatch["same_temperature"]["mean"] < 1e-4

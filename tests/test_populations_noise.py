@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from populations.noise import (Member, direction_and_sign, gaussian, keyed_noise, noise_key,
-                               population)
+from populations.noise import (Member, direction_and_sign, draw_direction, gaussian, keyed_noise,
+                               noise_key, population)
 
 SHAPES = {"embed.weight": (7, 5), "layers.0.mlp.weight": (4, 3), "norm.bias": (5,)}
 
@@ -48,6 +48,15 @@ def test_same_key_same_tensor_in_any_order():
     for n in SHAPES:
         assert torch.equal(forward[n], backward[n])
         assert forward[n].dtype == torch.float32 and forward[n].device.type == "cpu"
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 8])
+def test_a_direction_drawn_on_threads_is_the_serial_draw(threads):
+    shapes = {**SHAPES, "big.weight": (300, 200), "other.weight": (50, 70)}
+    serial = {n: keyed_noise(3, 5)(2, n, s) for n, s in shapes.items()}
+    drawn = draw_direction(keyed_noise(3, 5), 2, shapes, threads)
+    assert list(drawn) == list(shapes)
+    assert all(torch.equal(drawn[n], serial[n]) for n in shapes)
 
 
 def test_gaussian_leaves_global_rng_alone():

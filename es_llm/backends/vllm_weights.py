@@ -70,19 +70,23 @@ class ESWorkerExtension:
             full = torch.cat([shards[i] for i in range(counts[target])], dim=0)
             module_name, _, leaf = target.rpartition(".")
             layer = modules[module_name]
-            _write(layer, leaf, full, repack)
-            if repack:
+            in_place = _write(layer, leaf, full, repack)
+            if repack and in_place and full.ndim == 2:
                 _repack_tied(modules, layer, leaf)
         return len(groups)
 
 
 @torch.no_grad()
-def _write(layer: torch.nn.Module, leaf: str, full: torch.Tensor, repack: bool) -> None:
+def _write(layer: torch.nn.Module, leaf: str, full: torch.Tensor, repack: bool) -> bool:
+    """Put ``full`` into ``layer.<leaf>``; True when it was written into the existing tensor
+    (which other layers may share), False when the layer got a tensor of its own."""
     param = getattr(layer, leaf)
     method = getattr(layer, "quant_method", None)
-    if param.numel() == 0:
+    in_place = param.numel() > 0
+    if not in_place:
         # The CPU backend dropped the plain weight after packing it; give it back, re-pack.
-        setattr(layer, leaf, torch.nn.Parameter(full.to(param.dtype).clone(), requires_grad=False))
+        # ``full`` is es_write's own concatenation, so it is handed over without a copy.
+        setattr(layer, leaf, torch.nn.Parameter(full.to(param.dtype), requires_grad=False))
     elif param.shape == full.shape:
         param.copy_(full)
     elif param.ndim == full.ndim and param.shape[1:] == full.shape[1:] \
@@ -93,11 +97,14 @@ def _write(layer: torch.nn.Module, leaf: str, full: torch.Tensor, repack: bool) 
                          f"{tuple(param.shape)}")
     if repack and method is not None and hasattr(method, "process_weights_after_loading"):
         method.process_weights_after_loading(layer)
+    return in_place
 
 
 def _repack_tied(modules: dict, layer: torch.nn.Module, leaf: str) -> None:
     """Re-pack every other layer that shares the written tensor (a tied LM head packs the
-    embedding matrix for its own GEMM)."""
+    embedding matrix for its own GEMM). Only a matrix written in place can be shared (a
+    layer whose packed weight was dropped gets a tensor no other layer holds): scanning every
+    module after every write took a quarter of a write at the 0.5B shape."""
     ptr = getattr(layer, leaf).data_ptr()
     for other in modules.values():
         w = getattr(other, "weight", None)
@@ -115,7 +122,6 @@ class VLLMWeights:
     def __init__(self, llm, hf_weights):
         self.llm = llm
         self.hf = hf_weights
-        self._dtype = {n: p.dtype for n, p in hf_weights.params.items()}
 
     @property
     def params(self):
@@ -130,17 +136,18 @@ class VLLMWeights:
 
     @torch.no_grad()
     def perturb(self, noise_for, sign: int, sigma: float) -> None:
-        self.hf.perturb(noise_for, sign, sigma)
-        self._send({n: p.detach() for n, p in self.hf.params.items()})
+        """Send the member's tensors (``hf_weights.member``) to the engine. The HF copy keeps
+        the master throughout (it serves checkpoints), which saves writing every tensor into
+        it and reading it back for each member."""
+        self._send(dict(self.hf.member(noise_for, sign, sigma)))
 
     @torch.no_grad()
     def restore(self) -> None:
-        self.hf.restore()
-        self._send({n: p.detach() for n, p in self.hf.params.items()})
+        self._send(dict(self.hf.served_master()))
 
     def set_master(self, new_master) -> None:
         self.hf.set_master(new_master)
-        self._send({n: p.detach() for n, p in self.hf.params.items()})
+        self.restore()
 
     def shapes(self):
         return self.hf.shapes()

@@ -12,6 +12,7 @@ import hashlib
 import itertools
 import json
 import math
+import os
 import random
 import time
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ from es_llm.tasks import Problem
 from es_llm.tasks.base import too_long_notice
 from populations import es as pes
 from populations import lowrank
+from populations.noise import draw_direction
 
 
 @dataclass
@@ -83,19 +85,15 @@ def _weight_written(edges: Edges, state: pes.ESState, mine, batch, assigned, par
                     cfg: ESRunConfig):
     """``(member, problems, completions)`` for each member, its weights written into the served
     model as cast(master + sign * sigma * eps) over the previous member's (one write per
-    member, one restore at the end). A direction's noise is drawn once for both signs."""
+    member, one restore at the end). A direction's noise is drawn once for both signs, on
+    every core this process may use (the cores are idle between generate calls)."""
     eps_for = pes.noise_for(cfg.es, state)
+    threads = len(os.sched_getaffinity(0)) if cfg.es.noise_device == "cpu" else 1
     try:
         for direction, group in itertools.groupby(mine, key=lambda m: m.direction):
-            cache: dict[str, torch.Tensor] = {}
-
-            def noise(name, shape, d=direction, cache=cache):
-                if name not in cache:
-                    cache[name] = eps_for(d, name, shape)
-                return cache[name]
-
+            eps = draw_direction(eps_for, direction, edges.weights.shapes(), threads)
             for m in group:
-                edges.weights.perturb(noise, m.sign, cfg.es.sigma)
+                edges.weights.perturb(lambda name, _shape: eps[name], m.sign, cfg.es.sigma)
                 problems = [batch[i] for i in assigned[m.index]]
                 completions = edges.backend.generate([p.prompt for p in problems], params,
                                                      keys=[p.id for p in problems])

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from typing import Callable
+from typing import Callable, Iterable, Iterator
 
 import torch
 
@@ -59,19 +59,27 @@ class ModuleWeights:
     def shapes(self) -> dict[str, torch.Size]:
         return {n: t.shape for n, t in self.master.items()}
 
-    @torch.no_grad()
+    def member(self, noise_for: Callable[[str, torch.Size], torch.Tensor], sign: int,
+               sigma: float) -> Iterator[tuple[str, torch.Tensor]]:
+        """``(name, tensor)`` of the member ``cast(master + sign * sigma * noise_for(name,
+        shape))`` (``populations.es.perturb``), one tensor at a time, written nowhere."""
+        for name, p in self.params.items():
+            yield name, perturb(self.master[name], noise_for(name, p.shape), sign, sigma,
+                                dtype=p.dtype)
+
+    def served_master(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """``(name, tensor)`` of the master cast to the served dtype (the tensor itself when
+        that is fp32)."""
+        for name, p in self.params.items():
+            yield name, self.master[name].to(p.dtype)
+
     def perturb(self, noise_for: Callable[[str, torch.Size], torch.Tensor], sign: int,
                 sigma: float) -> None:
-        """Set each tensor to the member ``cast(master + sign * sigma * noise_for(name,
-        shape))``, computed by ``populations.es.perturb``."""
-        for name, p in self.params.items():
-            p.copy_(perturb(self.master[name], noise_for(name, p.shape), sign, sigma,
-                            dtype=p.dtype))
+        """Set each tensor to the member (see ``member``)."""
+        _copy_into(self.params, self.member(noise_for, sign, sigma))
 
-    @torch.no_grad()
     def restore(self) -> None:
-        for name, p in self.params.items():
-            p.copy_(self.master[name].to(p.dtype))
+        _copy_into(self.params, self.served_master())
 
     @torch.no_grad()
     def set_master(self, new_master) -> None:
@@ -82,6 +90,13 @@ class ModuleWeights:
     def checksum(self) -> str:
         """A digest of the master copy, compared across ranks to catch divergence."""
         return master_checksum(self.master)
+
+
+@torch.no_grad()
+def _copy_into(params: dict[str, torch.Tensor], tensors: Iterable[tuple[str, torch.Tensor]]
+               ) -> None:
+    for name, t in tensors:
+        params[name].copy_(t)
 
 
 def master_checksum(master: dict[str, torch.Tensor]) -> str:
@@ -125,24 +140,33 @@ class AdapterWeights:
         (``populations.es.perturb``, kept in fp32: they are merged before any cast)."""
         return {n: perturb(t, noise_for(n, t.shape), sign, sigma) for n, t in self.master.items()}
 
-    @torch.no_grad()
-    def _write(self, factors: dict[str, torch.Tensor]) -> None:
+    def _merged(self, factors: dict[str, torch.Tensor]) -> Iterator[tuple[str, torch.Tensor]]:
         # One module at a time: an fp32 merged copy of every target at once could not fit
         # beside a large model.
         for module in self.modules:
             pair = {n: factors[n] for n in factor_names(module)}
             for name, W_O_I in merged_tensors(self.base, pair, self.lora).items():
-                self.params[name].copy_(W_O_I.to(self.params[name].dtype))
+                yield name, W_O_I.to(self.params[name].dtype)
+
+    def member(self, noise_for: Callable[[str, torch.Size], torch.Tensor], sign: int,
+               sigma: float) -> Iterator[tuple[str, torch.Tensor]]:
+        """``(name, tensor)`` of the member's target weights ``cast(W0 + scale B' A')``, one
+        at a time, written nowhere."""
+        return self._merged(self.member_factors(noise_for, sign, sigma))
+
+    def served_master(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """``(name, tensor)`` of the master adapter merged: ``cast(W0 + scale B A)``, the
+        same bytes every time (computed afresh from fp32, never by undoing a member)."""
+        return self._merged(self.master)
 
     def perturb(self, noise_for: Callable[[str, torch.Size], torch.Tensor], sign: int,
                 sigma: float) -> None:
-        """Serve the member: each target weight set to ``cast(W0 + scale B' A')``."""
-        self._write(self.member_factors(noise_for, sign, sigma))
+        """Serve the member (see ``member``)."""
+        _copy_into(self.params, self.member(noise_for, sign, sigma))
 
     def restore(self) -> None:
-        """Serve the master adapter merged: ``cast(W0 + scale B A)``, the same bytes every
-        time (computed afresh from fp32, never by undoing a member)."""
-        self._write(self.master)
+        """Serve the master adapter merged (see ``served_master``)."""
+        _copy_into(self.params, self.served_master())
 
     @torch.no_grad()
     def serve_base(self) -> None:
