@@ -212,3 +212,34 @@ def test_a_bf16_run_logs_the_realised_update_cosine(ci_testbed, tmp_path):
     cosines = [m["es/realised_cosine"] for m in read_jsonl(out / "metrics.jsonl")]
     # bf16 rounding loses part of a small update, never all of it at this lr.
     assert all(0.0 < c < 1.0 for c in cosines), cosines
+
+
+def test_rows_wrap_and_restore_a_forward_set_on_the_instance():
+    """A forward already set on a layer (accelerate's offloading hooks set one) still runs
+    under the member term and is put back afterwards."""
+    layer = torch.nn.Linear(3, 2)
+    calls = []
+
+    def own(x):
+        calls.append(1)
+        return torch.nn.Linear.forward(layer, x)
+
+    layer.forward = own
+    class Tiny(torch.nn.Sequential):
+        def forward(self, input_ids):
+            return super().forward(input_ids)
+
+    model = Tiny(torch.nn.Embedding(5, 3), layer)
+    rows = RowAdapters(model, ["1.weight"])
+    A = {"1.weight": torch.ones(1, 2, 1)}
+    B = {"1.weight": torch.ones(1, 3, 1)}
+    ids = torch.tensor([[1, 2]])
+    with torch.no_grad():
+        base = model(ids)
+        calls.clear()
+        with rows.members(A, B, 1):
+            served = model(ids)
+        assert calls == [1]
+        x = model[0](ids)
+        torch.testing.assert_close(served, base + x.sum(-1, keepdim=True).expand(-1, -1, 2))
+    assert layer.forward is own

@@ -91,6 +91,9 @@ class RowAdapters:
             B_emb_T={n: B[n].transpose(1, 2).contiguous() for _, n in self._embeddings},
             rows_per_member=rows_per_member, members=M,
             last_x=[None] * len(groups), last_xB=[None] * len(groups))
+        # A forward already set on the instance (accelerate's offloading hooks set one) is
+        # what the member term wraps, and it is put back afterwards.
+        own = {id(m): m.__dict__.get("forward") for m, _ in self._linears + self._embeddings}
         try:
             for g, group in enumerate(self._groups):
                 at = 0
@@ -103,7 +106,10 @@ class RowAdapters:
             yield
         finally:
             for module, _ in self._linears + self._embeddings:
-                module.__dict__.pop("forward", None)
+                if own[id(module)] is None:
+                    module.__dict__.pop("forward", None)
+                else:
+                    module.forward = own[id(module)]
             self._active = None
 
     def _rows(self, x: torch.Tensor, what: str) -> int:
@@ -114,10 +120,10 @@ class RowAdapters:
         return act.members
 
     def _linear_forward(self, module: torch.nn.Linear, name: str, g: int, lo: int, hi: int):
-        act, original = self._active, type(module).forward
+        act, original = self._active, module.forward
 
         def forward(x: torch.Tensor) -> torch.Tensor:
-            y = original(module, x)
+            y = original(x)
             if act.last_x[g] is not x:
                 M = self._rows(x, name)
                 act.last_xB[g] = torch.bmm(x.reshape(M, -1, x.shape[-1]), act.B_group[g])
@@ -128,14 +134,14 @@ class RowAdapters:
         return forward
 
     def _embedding_forward(self, module: torch.nn.Embedding, name: str):
-        act, original = self._active, type(module).forward
+        act, original = self._active, module.forward
         # A scaled embedding (Gemma's: W[t] * sqrt(hidden), transformers' ``embed_scale``)
         # scales a written weight's rows too.
         scale = getattr(module, "embed_scale", None)
         alpha = 1.0 if scale is None else float(scale)
 
         def forward(ids: torch.Tensor) -> torch.Tensor:
-            y = original(module, ids)
+            y = original(ids)
             M = self._rows(ids, name)
             A = act.A_emb[name]
             ids_M_R = ids.reshape(M, -1)
