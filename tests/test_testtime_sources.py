@@ -211,13 +211,20 @@ def test_dart_stats_by_hand():
 # Bad input
 # --------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("value", ["-1", "inf", "nan"])
-def test_a_threshold_outside_zero_to_infinity_exits_2(tmp_path, capsys, value):
+@pytest.mark.parametrize("value, message", [
+    ("-1", "testtime.ttel_threshold must lie in [0, inf)"),
+    ("-0.5", "testtime.ttel_threshold must lie in [0, inf)"),
+    (".inf", "'testtime.ttel_threshold' must be a finite number")])
+def test_a_threshold_outside_zero_to_infinity_exits_2(tmp_path, capsys, value, message):
     out = tmp_path / "out"
     assert main(["testtime", "--model", str(tmp_path / "model"), "--out", str(out),
                  "--no-progress", f"testtime.ttel_threshold={value}"]) == 2
-    assert "testtime.ttel_threshold must lie in [0, inf)" in capsys.readouterr().err
+    assert message in capsys.readouterr().err
     assert not out.exists()
+    # The settings refuse it themselves, whoever builds them.
+    for bad in (-1.0, float("inf"), float("nan")):
+        with pytest.raises(BadInput, match=r"\[0, inf\)"):
+            TestTimeSettings(ttel_threshold=bad)
 
 
 class _NeverSolves:
