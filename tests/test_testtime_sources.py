@@ -207,6 +207,39 @@ def test_dart_stats_by_hand():
     assert truncated_share([]) is None
 
 
+class _TableGen:
+    """Draws read from a table by (stage, problem id); the token caps asked for recorded."""
+
+    def __init__(self, table: dict):
+        self.table, self.caps = table, {}
+
+    def draw(self, label, stage, jobs, n, max_tokens, **_):
+        self.caps[stage] = max_tokens
+        return [[gen_of(t, p, logprobs=(-1.0,)) for t in self.table[(stage, p.id)][:n]]
+                for p, _ in jobs]
+
+
+def test_dart_routes_agreeing_drafts_and_thinks_within_the_budget():
+    a, b = (Problem(id=i, prompt=PROBLEM.prompt, gold=PROBLEM.gold) for i in "ab")
+    gen = _TableGen({("draft", "a"): [RIGHT, RIGHT], ("draft", "b"): [RIGHT, WRONG_ANSWER],
+                     ("think", "b"): [WRONG_ANSWER, RIGHT, RIGHT]})
+    # A flat map at 20 tokens: budget 20 * (1 + 0.2) = 24 for every disagreement.
+    cal = {"knots_entropy": [0.0, 2.0], "knots_tokens": [20.0, 20.0]}
+    result = METHODS.get("dart").run(MethodInput(("dart", 3), [a, b], 3, gen,
+                                                 TestTimeSettings(dart_caps=(21, 30)), cal))
+    ra, rb = result.outcomes
+    assert ra["routed"] and ra["answered"] and ra["think_tokens"] == 0
+    assert ra["draft_tokens"] == 2 * len(RIGHT)
+    assert not rb["routed"] and rb["think_budget"] == 24 and gen.caps["think"] == 24
+    assert rb["answered"] and rb["think_tokens"] == 3 * len(RIGHT)
+    s = result.stats
+    # b's first draft was right, so sending it on to thinking was a routing error.
+    assert s["route_rate"] == 0.5 and s["routing_accuracy"] == 0.5
+    assert s["agreement_precision"] == 1.0 and s["mean_think_budget"] == 24.0
+    # Three 22-token thoughts that ended by themselves: cap 21 would have cut them all.
+    assert s["truncated_share"] == 0.0 and s["truncated_share_at_cap"] == {"21": 1.0, "30": 0.0}
+
+
 # --------------------------------------------------------------------------------------------
 # Bad input
 # --------------------------------------------------------------------------------------------
