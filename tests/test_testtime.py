@@ -20,8 +20,8 @@ from es_llm.tasks import Problem, countdown
 from es_llm.tasks import countdown_roles as R
 from es_llm.testtime.curves import (dominates, isotonic_fit, isotonic_predict, log_auc,
                                     pareto_front, step_curve)
-from es_llm.testtime.methods import (METHODS, TestTimeSettings, drafts_agree, facts_hold,
-                                     think_budget)
+from es_llm.testtime.dart import drafts_agree, think_budget
+from es_llm.testtime.methods import METHODS, TestTimeSettings, facts_hold
 from es_llm.testtime.generations import Gen
 from es_llm.testtime.protocols import edited_steps, review_metrics
 from es_llm.testtime.selection import check, edit, formalize, select
@@ -139,7 +139,8 @@ def test_facts_hold_and_agreement_by_hand():
 
 class _ScriptedScorer:
     """Log-probabilities fixed by the script: -0.1 everywhere, except that under the
-    feedback (revise) context the characters of ``drop`` cost -6."""
+    feedback context (the revise prompt whose critique is ``wrong``) the characters of
+    ``drop`` cost -6."""
 
     def __init__(self, drop: str):
         from es_llm.testbed.tokenizer import build_tokenizer
@@ -150,7 +151,7 @@ class _ScriptedScorer:
         out = []
         for ctx, text in zip(contexts, continuations):
             lps = [-0.1] * len(text)
-            if ctx.startswith("revise"):
+            if ctx.endswith("\nwrong\n"):
                 at = text.index(self.drop)
                 lps[at:at + len(self.drop)] = [-6.0] * len(self.drop)
             out.append(lps)
@@ -170,8 +171,8 @@ def test_ttel_localizes_where_feedback_lowers_the_probability_most():
     problem = Problem(id="p", prompt="nums 7 3 4 make 25\n",
                       gold={"numbers": [7, 3, 4], "target": 25})
     assert localize(gen, ("ttel", 2), [problem], [text]) == [1]
-    # Both contexts were scored over the whole trajectory.
-    assert [j[1].split(" ")[0] for j in ledger[("ttel", 2)]] == ["revise", "nums"]
+    # Both contexts were scored over the whole trajectory, the same revise prompt.
+    assert [j[1].split(" ")[0] for j in ledger[("ttel", 2)]] == ["revise", "revise"]
     # The gap is taken per token: one big drop beats a wide small one.
     gap = np.array([0.5] * 6 + [0.0] + [0.0, 3.0] + [0.0] * 5)
     assert error_segment([(0, 6), (7, 14)], gap, list(range(len(gap)))) == 1

@@ -14,18 +14,26 @@ peers (``per``, ``broadcast``).
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 
+from es_llm.config import check_choices, choice
 from es_llm.errors import BadInput
 from es_llm.tasks import Problem
 from es_llm.tasks.countdown_roles import STEP_RE, role_prompt
-from es_llm.testtime.curves import isotonic_fit, isotonic_predict
 from es_llm.testtime.generations import Gen, Generations
 from populations.registry import Registry
+
+
+def _branchings() -> list[str]:
+    """TTEL's branching variants, read when asked: their module imports this one."""
+    from es_llm.testtime.ttel import BRANCHINGS
+
+    return BRANCHINGS.names()
 
 
 @dataclass(frozen=True)
@@ -46,12 +54,31 @@ class TestTimeSettings:
     calibration_data: str | None = None
     dart_margin: float = 0.2
     dart_min_tokens: int = 16
+    # DART: lower thinking caps at which the report also gives the share of the thinking
+    # samples that cap would have cut (a sample that ended after n tokens fits a cap >= n),
+    # so the budget stage is read where it binds.
+    dart_caps: tuple[int, ...] = (24, 32, 48, 64)
+    # TTEL: the feedback gap (nats; a segment's largest token gap) at which a segment is the
+    # error, the earliest such segment winning; 0 turns the threshold off: the segment of
+    # the largest gap, which is also the fallback when no segment reaches the threshold.
+    ttel_threshold: float = 0.0
+    # TTEL: how branches are drawn: parallel (localise once, every branch from the one kept
+    # prefix) or sequential (one branch at a time, each rejected branch localised afresh).
+    ttel_branching: str = choice("parallel", _branchings)
 
     def __post_init__(self):
+        check_choices(self, "testtime.")
         for name in ("max_tokens", "review_tokens", "plan_tokens", "calibration_problems",
                      "calibration_samples", "dart_min_tokens"):
             if getattr(self, name) < 1:
                 raise BadInput(f"testtime.{name} must be at least 1, got {getattr(self, name)}.")
+        if not self.dart_caps or any(c < 1 for c in self.dart_caps):
+            raise BadInput(f"testtime.dart_caps must be a non-empty list of positive token "
+                           f"caps, got {list(self.dart_caps)}.")
+        if not (math.isfinite(self.ttel_threshold) and self.ttel_threshold >= 0):
+            raise BadInput(f"testtime.ttel_threshold must lie in [0, inf): a feedback gap in "
+                           f"nats at which a segment counts as the error, or 0 for the "
+                           f"segment of the largest gap; got {self.ttel_threshold}.")
         if not self.temperature > 0:
             raise BadInput(f"testtime.temperature must be > 0 (the methods sample), got "
                            f"{self.temperature}.")
@@ -116,6 +143,11 @@ def vote(gens: list[Gen]) -> Gen | None:
     return next(g for g in valid if g.value == top)
 
 
+def mean_or_none(values) -> float | None:
+    """The mean of a method statistic's values, None when there are none to average."""
+    return float(np.mean(values)) if len(values) else None
+
+
 def outcome(problem: Problem, outputs: list[Gen], answer: Gen | None, **extra) -> dict:
     return {"problem_id": problem.id, "covered": any(g.correct for g in outputs),
             "answered": bool(answer is not None and answer.correct), **extra}
@@ -173,85 +205,3 @@ def cpp(inp: MethodInput) -> MethodResult:
         "facts_true_rate": len(valid) / max(len(held), 1),
         "accuracy_when_facts_true": float(np.mean(valid)) if valid else None,
         "accuracy_when_facts_false": float(np.mean(invalid)) if invalid else None})
-
-
-# ---------------------------------------------------------------------------------------------
-# DART: draft agreement routing
-# ---------------------------------------------------------------------------------------------
-
-def draft_entropy(drafts: list[Gen]) -> float:
-    """Mean per-token surprisal of the drafts (``-log p`` of each sampled token, averaged
-    per draft, then over drafts): an unbiased estimate of the drafts' mean predictive
-    entropy, since the backends return the sampled token's log-probability only. Lee et al.
-    (2026) leave "draft entropy" undefined in what was available; this is the project's
-    reading."""
-    per = [-float(np.mean(g.logprobs)) for g in drafts if g.logprobs]
-    return float(np.mean(per)) if per else 0.0
-
-
-def drafts_agree(drafts: list[Gen]) -> bool:
-    """Stage 1 of DART: all drafts give a valid answer of the same value (the task's answer
-    equivalence; two correct Countdown answers always agree)."""
-    return bool(drafts) and drafts[0].value is not None and all(
-        g.value == drafts[0].value for g in drafts)
-
-
-def _dart_calibrate(gen: Generations, cfg: TestTimeSettings, problems: list[Problem]) -> dict:
-    """The isotonic map from draft entropy to the tokens a calibration problem needed (its
-    shortest correct solve, or ``max_tokens`` when none of the samples solved it)."""
-    label = ("dart-calibration", 0)
-    drafts = gen.draw(label, "draft", [(p, prompt(p, "direct")) for p in problems], 2,
-                      cfg.max_tokens, logprobs=True)
-    solves = gen.draw(label, "think", [(p, prompt(p, "solve")) for p in problems],
-                      cfg.calibration_samples, cfg.max_tokens)
-    entropy = np.array([draft_entropy(d) for d in drafts])
-    needed = np.array([min((g.num_tokens for g in s if g.correct), default=cfg.max_tokens)
-                       for s in solves], dtype=float)
-    knots_x, knots_y = isotonic_fit(entropy, needed)
-    cost = sum(sum(gen.cost(label, p.id)) for p in problems)
-    return {"knots_entropy": knots_x.tolist(), "knots_tokens": knots_y.tolist(),
-            "problems": len(problems), "tokens": cost}
-
-
-def think_budget(calibration: dict, entropy: float, cfg: TestTimeSettings) -> int:
-    """``f(H) * (1 + margin)`` clipped to ``[dart_min_tokens, max_tokens]``."""
-    b = isotonic_predict(np.array(calibration["knots_entropy"]),
-                         np.array(calibration["knots_tokens"]), entropy)
-    return int(min(max(round(b * (1 + cfg.dart_margin)), cfg.dart_min_tokens), cfg.max_tokens))
-
-
-@register_method("dart", roles=("direct", "solve"), prepare=_dart_calibrate,
-                 unit="thinking samples")
-def dart(inp: MethodInput) -> MethodResult:
-    """DART (Lee et al. 2026): two ``direct`` drafts; if they agree, answer; else ``solve``
-    with a thinking budget from the calibrated isotonic map of draft entropy, the budget
-    level's number of times, and commit to their vote."""
-    drafts = inp.gen.draw(inp.label, "draft", [(p, prompt(p, "direct")) for p in inp.problems],
-                          2, inp.cfg.max_tokens, logprobs=True)
-    budgets = {p.id: think_budget(inp.prepared, draft_entropy(d), inp.cfg)
-               for p, d in zip(inp.problems, drafts) if not drafts_agree(d)}
-    thoughts: dict[str, list[Gen]] = {}
-    for b in sorted(set(budgets.values())):
-        todo = [p for p in inp.problems if budgets.get(p.id) == b]
-        for p, gens in zip(todo, inp.gen.draw(inp.label, "think",
-                                              [(q, prompt(q, "solve")) for q in todo],
-                                              inp.budget, b)):
-            thoughts[p.id] = gens
-    rows = []
-    for p, d in zip(inp.problems, drafts):
-        if p.id in thoughts:
-            t = thoughts[p.id]
-            rows.append(outcome(p, d + t, vote(t), routed=False, think_budget=budgets[p.id],
-                                truncated=sum(g.finish_reason == "length" for g in t)))
-        else:
-            rows.append(outcome(p, d, d[0], routed=True))
-    routed = [r for r in rows if r["routed"]]
-    thought = [r for r in rows if not r["routed"]]
-    return MethodResult(rows, {
-        "route_rate": len(routed) / max(len(rows), 1),
-        "agreement_precision": (float(np.mean([r["answered"] for r in routed]))
-                                if routed else None),
-        "mean_think_budget": (float(np.mean([r["think_budget"] for r in thought]))
-                              if thought else None),
-        "truncated_thoughts": sum(r["truncated"] for r in thought),
-        "calibration": inp.prepared})

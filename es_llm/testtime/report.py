@@ -80,8 +80,10 @@ def report_blocks(metrics: dict, figure: str) -> list:
         Paragraph("Cost is tokens per problem: generated, plus those read by scoring passes "
                   "(ttel's localisation). `covered`: some output is correct (what an oracle "
                   "verifier would find, metrics.md 5.1); `answered`: the one answer the method "
-                  "commits to (the vote of its samples; dart's agreed draft; base_select's "
-                  "first pass) is correct. 95% bootstrap intervals over problems."),
+                  "commits to (the vote of its samples; dart's agreed draft; ttel's vote of "
+                  "its branches, with the first branch the verifier accepts beside it as "
+                  "answered_by_checker in its statistics; base_select's first pass) is "
+                  "correct. 95% bootstrap intervals over problems."),
         Table(["method", "budget", "tokens", "generated", "scored", "covered", "answered"],
               rows, align="lrrrrll")]
     for measure, text in MEASURES.items():

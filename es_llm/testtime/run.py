@@ -26,7 +26,7 @@ from es_llm.run_folder import check_out_path
 from es_llm.runtime import Runtime
 from es_llm.tasks import TaskConfig, build_task
 # Importing these modules registers their methods.
-from es_llm.testtime import protocols, selection, ttel  # noqa: F401
+from es_llm.testtime import dart, protocols, selection, ttel  # noqa: F401
 from es_llm.testtime.curves import auc_difference_ci, dominates, log_auc, pareto_front
 from es_llm.testtime.generations import Generations, HFScorer
 from es_llm.testtime.methods import METHODS, MethodInput, TestTimeSettings
@@ -111,6 +111,11 @@ def _problems(cfg: TestTimeConfig):
         cal = build_task(TaskConfig(name="countdown", data=path))
         every = cal.problems()
         cal.close()
+        if not every:
+            raise BadInput(f"dart's calibration set is empty: {path!r} holds no problems, so "
+                           f"there is nothing to fit the thinking budget on. Give "
+                           f"testtime.calibration_data a file of Countdown problems apart "
+                           f"from the evaluated ones, or leave dart out of --methods.")
         # Evenly spaced through the file: held-out files are ordered by tier.
         step = max(1, len(every) // cfg.testtime.calibration_problems)
         calibration = every[::step][:cfg.testtime.calibration_problems]
