@@ -186,6 +186,7 @@ def test_bad_input_is_one_paragraph_with_status_2_and_nothing_written(standin, t
         ([f"base={qwen}", f"a={copy}"], ["--connectivity", "--connectivity-alphas", "0", "0.5"],
          "include both endpoints 0 and 1"),
     ]
+    capsys.readouterr()  # the builds' progress bars
     for models, extra, message in cases:
         out = tmp_path / "out"
         assert main(["compare", "--models", *models, *extra, "--task", "countdown", "--n", "1",

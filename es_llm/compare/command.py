@@ -21,10 +21,11 @@ of the reference and per tier); with --budget-runs, accuracy along training runs
 against generated samples and training seconds; with --geometry, what each model
 folder's training did to the reference's weights (update norms, moved share,
 effective rank, cosines between updates); with --connectivity, accuracy along
-the straight line between two models' weights and its barrier. Several training seeds of one
-method are named method@seed and reported as a group (seed spread beside the
-bootstrap CIs). A checkpoint of a training run (RUN/checkpoints/NAME) compared on
-problems the run trained on gets a warning, or exit status 2 with --strict-overlap.""",
+the straight line between two models' weights and its barrier. Several training
+seeds of one method are named method@seed and reported as a group (seed spread
+beside the bootstrap CIs). A checkpoint of a training run (RUN/checkpoints/NAME)
+compared on problems the run trained on gets a warning, or exit status 2 with
+--strict-overlap.""",
     config="es_llm.compare.config:CompareConfig",
     run=writes_out("es_llm.compare.run:compare"),
     flags=(Flag("--models", "models", nargs="+", metavar="NAME=PATH"),

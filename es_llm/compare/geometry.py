@@ -258,20 +258,20 @@ def compute(inp: SectionInput) -> Geometry:
 
 
 def figure(geo: dict, path: Path) -> str:
-    """Heat map of log10 ||Delta W|| / ||W|| per tensor (rows) and model (columns)."""
+    """Heat map of log10 ‖ΔW‖ / ‖W‖ per tensor (rows) and model (columns)."""
     plt = pyplot()
     names, tensors = list(geo["models"]), geo["tensors"]
     rel_T_C = np.array([[geo["models"][m]["tensors"][t]["relative"] for m in names]
                         for t in tensors], dtype=float)  # None (a zero base tensor) -> NaN
     # A tall model (hundreds of tensors) gets thinner rows rather than an unreadable page.
-    fig, ax = plt.subplots(figsize=(2.5 + 1.1 * len(names), min(1.5 + 0.22 * len(tensors), 40)))
+    fig, ax = plt.subplots(figsize=(5 + 1.1 * len(names), min(1.5 + 0.22 * len(tensors), 40)))
     with np.errstate(divide="ignore", invalid="ignore"):
         log_T_C = np.log10(rel_T_C)
     # An untouched tensor (log of 0) is left blank rather than stretching the colour scale.
     image = ax.imshow(np.ma.masked_invalid(log_T_C), aspect="auto", cmap="viridis")
     ax.set_xticks(range(len(names)), names, rotation=30)
     ax.set_yticks(range(len(tensors)), tensors, fontsize=6)
-    fig.colorbar(image, ax=ax, label="log10 ||ΔW|| / ||W||")
+    fig.colorbar(image, ax=ax, label="log10 ‖ΔW‖ / ‖W‖")
     ax.set_title(f"relative update size against {geo['reference']}")
     return save_figure(fig, path)
 
@@ -297,7 +297,7 @@ def blocks(comp: dict, figures: dict[str, str]) -> list:
         f"the entropy of the normalised singular values, 1 for a rank-one update) and the "
         f"energy share of the top {c['top_k']} singular values are medians over the weight "
         f"matrices. Per-tensor numbers are in comparison.json[\"geometry\"]."),
-        Table(["model", "||ΔW||", "||ΔW|| / ||W||", "moved", "effective rank (median)",
+        Table(["model", "‖ΔW‖", "‖ΔW‖ / ‖W‖", "moved", "effective rank (median)",
                f"top-{c['top_k']} energy (median)"], rows)]
     if geo["cosines"]:
         out.append(Paragraph("Cosine between two models' whole updates: near 0 means they "
@@ -305,7 +305,7 @@ def blocks(comp: dict, figures: dict[str, str]) -> list:
                              "one method give the level noise alone reaches."))
         out.append(Table(["first", "second", "cosine"],
                          [[p["a"], p["b"], number(p["cosine"])] for p in geo["cosines"]]))
-    out.append(Figure(figures["geometry"], "Relative update size ||ΔW|| / ||W|| per tensor and "
+    out.append(Figure(figures["geometry"], "Relative update size ‖ΔW‖ / ‖W‖ per tensor and "
                       "model (log10 scale)."))
     return out
 
