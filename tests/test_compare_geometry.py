@@ -16,7 +16,7 @@ from safetensors.torch import load_file, save_file
 
 from es_llm.cli import main
 from es_llm.compare.config import CompareConfig, ConnectivityConfig, GeometryConfig
-from es_llm.compare.connectivity import barrier, interpolate, write_interpolated
+from es_llm.compare.connectivity import barrier, interpolate, pair_labels, write_interpolated
 from es_llm.compare.geometry import (cosines, effective_rank, gram, moved_count, overall,
                                      singular_values, tensor_stats, top_energy,
                                      update_geometry)
@@ -150,6 +150,17 @@ def test_settings_are_checked_and_turn_their_sections_on():
     assert "geometry" not in [n for n, _ in sections(CompareConfig())]
 
 
+def test_pair_labels_read_reference_and_default_to_the_reference_against_each_model():
+    names = ["base", "es@0", "grpo@0"]
+    assert pair_labels(CompareConfig(), names) == [("base", "es@0"), ("base", "grpo@0")]
+    cfg = CompareConfig(connectivity=ConnectivityConfig(pairs=("reference:grpo@0",
+                                                               "es@0:grpo@0")))
+    assert pair_labels(cfg, names) == [("base", "grpo@0"), ("es@0", "grpo@0")]
+    # A reference that names a method, not one model, is no endpoint.
+    with pytest.raises(BadInput, match=r"names 'base', which is no model .* here 'base'"):
+        pair_labels(CompareConfig(), ["base@0", "base@1", "es@0"])
+
+
 def _reshaped(folder, dest):
     """A copy of model folder ``folder`` whose first matrix has one more row."""
     shutil.copytree(folder, dest)
@@ -176,6 +187,8 @@ def test_bad_input_is_one_paragraph_with_status_2_and_nothing_written(standin, t
          "reference 'base' is not the common base of the models: a and base differ"),
         ([f"base={other_tokenizer}", f"a={copy}", f"b={qwen}"], geometry,
          "a's tokenizer has another vocabulary"),
+        ([f"base@0={qwen}", f"a={copy}"], geometry + ["--reference", "base"],
+         "--reference must name one model among --models"),
         ([f"base={qwen}", f"a={llama}"], pairs + ["reference:a"],
          "connectivity pair base:a: a is a llama model"),
         ([f"base={qwen}", f"a={copy}"], pairs + ["a:nothing"],

@@ -159,7 +159,8 @@ def read_pair(inp: SectionInput, pair: dict) -> dict:
                                        / "samples.jsonl")
                 values[key].append(np.array([np.mean(correct[i]) for i in sorted(correct)]))
     rng = inp.rng()
-    return {"a": pair["a"], "b": pair["b"], "num_problems": len(values["greedy"][0]),
+    return {"a": pair["a"], "b": pair["b"], "data": pair["data"],
+            "num_problems": len(values["greedy"][0]),
             **{key: barrier_with_ci(np.stack(v), alphas_A, rng, cfg.bootstrap)
                for key, v in values.items()}}
 
