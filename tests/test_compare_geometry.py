@@ -53,6 +53,7 @@ def test_norms_and_moved_share_of_a_known_update():
     assert stats["b"]["relative"] == pytest.approx(np.hypot(1e-3, 2.0) / np.sqrt(5))
     # u v^T moves the entries where both u and v are non-zero: 2 rows x 2 columns.
     assert (stats["w"]["moved"], stats["b"]["moved"]) == (4, 2)
+    assert (stats["w"]["moved_share"], stats["b"]["moved_share"]) == (4 / 12, 2 / 5)
     assert "effective_rank" not in stats["b"]
     whole = overall(stats)
     assert whole["norm"] == pytest.approx(np.sqrt(500 + 1e-6 + 4))

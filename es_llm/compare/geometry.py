@@ -87,9 +87,10 @@ def tensor_stats(W_any: torch.Tensor, delta_any: torch.Tensor, tolerance: float,
     """One tensor's update ``delta_any`` against its base ``W_any`` (same shape): the norms,
     the moved share and, for a matrix, its effective rank and top-k energy share."""
     norm, base = frobenius(delta_any), frobenius(W_any)
+    moved = moved_count(delta_any, tolerance)
     out = {"shape": list(W_any.shape), "norm": norm, "base_norm": base,
            "relative": norm / base if base > 0 else None,
-           "moved": moved_count(delta_any, tolerance), "size": delta_any.numel()}
+           "moved": moved, "size": delta_any.numel(), "moved_share": moved / delta_any.numel()}
     if delta_any.dim() == 2:
         s_K = singular_values(delta_any)
         out.update(effective_rank=effective_rank(s_K), top_energy=top_energy(s_K, top_k),
