@@ -147,9 +147,9 @@ def architecture(folder: Path) -> tuple:
     return cfg.get("model_type"), tuple(cfg.get("architectures") or ())
 
 
-def check_same_weights(folders: dict[str, Path], what: str) -> dict[str, tuple[int, ...]]:
-    """The tensor shapes the models of ``folders`` (label -> model folder) share; BadInput
-    naming the first model whose architecture or tensor shapes differ from the first's."""
+def check_same_weights(folders: dict[str, Path], what: str) -> None:
+    """BadInput naming the first model of ``folders`` (label -> model folder) whose
+    architecture or tensor shapes differ from the first model's; ``what`` opens it."""
     (first, path), *rest = folders.items()
     arch, shapes = architecture(path), weight_shapes(path)
     for label, other in rest:
@@ -165,7 +165,6 @@ def check_same_weights(folders: dict[str, Path], what: str) -> dict[str, tuple[i
                            f"{off[0]}: {theirs.get(off[0])} against {shapes.get(off[0])}); "
                            f"weights are only compared between models of the same shapes, "
                            f"trained from one base.")
-    return shapes
 
 
 def reference_folder(inp: CheckInput, needs: str) -> Path:
