@@ -37,7 +37,8 @@ from es_llm.backends.base import SamplingParams
 from es_llm.backends.grafting import align_donor, check_layer, grafted, layer_activations
 from es_llm.compare.config import BlindSpotConfig
 from es_llm.compare.sampling import blind_spot_backend, compared_task
-from es_llm.compare.section import SECTIONS, CheckInput, Section, SectionInput, fields_dict
+from es_llm.compare.section import (SECTIONS, CheckInput, Section, SectionInput, fields_dict,
+                                    model_folder)
 from es_llm.config import to_dict
 from es_llm.errors import BadInput
 from es_llm.metrics.coverage import overlap
@@ -159,18 +160,14 @@ def model_folders(inp: CheckInput) -> dict[str, Path]:
         raise BadInput(f"--blind-spot's reorder graft lists a Countdown problem's numbers in "
                        f"another order, so it needs task countdown (got {cfg.task.name!r}).")
     out = {}
-    for name, path, _ in inp.sources:
+    for src in inp.sources:
+        name = src.name
         n = loaded[name].n if name in loaded else cfg.sampling.n
         if n < b.k:
             raise BadInput(f"--blind-spot needs at least blind_spot.k={b.k} samples per "
                            f"problem to find the never-solved ones, but {name} has n={n}; "
                            f"sample with --n {b.k} or more, or lower blind_spot.k.")
-        folder = path if path.is_dir() and (path / "config.json").is_file() else (
-            Path(loaded[name].model) if name in loaded and loaded[name].model else None)
-        if folder is None or not (folder / "config.json").is_file():
-            raise BadInput(f"--blind-spot runs {name}'s model, but {path} records no model "
-                           f"folder; give the model folder (or an eval folder whose "
-                           f"config.yaml names one).")
+        folder = model_folder(inp, src, "--blind-spot runs")
         if is_diffusion_model(str(folder)):
             raise BadInput(f"--blind-spot grafts activations into a causal decoder's layers; "
                            f"{name} ({folder}) is a masked-diffusion model.")

@@ -18,10 +18,14 @@ reference model; answer entropy (also on regressions), distinct answers,
 distinct-n, self-BLEU and distinct correct solutions; training curves of the runs
 the checkpoints came from; gains by difficulty (DRG, accuracy per difficulty bin
 of the reference and per tier); with --budget-runs, accuracy along training runs
-against generated samples and training seconds. Several training seeds of one
-method are named method@seed and reported as a group (seed spread beside the
-bootstrap CIs). A checkpoint of a training run (RUN/checkpoints/NAME) compared on
-problems the run trained on gets a warning, or exit status 2 with --strict-overlap.""",
+against generated samples and training seconds; with --geometry, what each model
+folder's training did to the reference's weights (update norms, moved share,
+effective rank, cosines between updates); with --connectivity, accuracy along
+the straight line between two models' weights and its barrier. Several training
+seeds of one method are named method@seed and reported as a group (seed spread
+beside the bootstrap CIs). A checkpoint of a training run (RUN/checkpoints/NAME)
+compared on problems the run trained on gets a warning, or exit status 2 with
+--strict-overlap.""",
     config="es_llm.compare.config:CompareConfig",
     run=writes_out("es_llm.compare.run:compare"),
     flags=(Flag("--models", "models", nargs="+", metavar="NAME=PATH"),
@@ -35,6 +39,11 @@ problems the run trained on gets a warning, or exit status 2 with --strict-overl
            Flag("--difficulty-file", "difficulty_file", metavar="FILE"),
            Flag("--blind-spot", "blind_spot.enabled", const=True),
            Flag("--testtime-methods", "testtime.methods", metavar="M1,M2,...",
-                convert=comma_names)),
+                convert=comma_names),
+           Flag("--geometry", "geometry.enabled", const=True),
+           Flag("--connectivity", "connectivity.enabled", const=True),
+           Flag("--connectivity-pairs", "connectivity.pairs", nargs="+", metavar="A:B"),
+           Flag("--connectivity-alphas", "connectivity.alphas", type=float, nargs="+",
+                metavar="ALPHA")),
     out_required=True,
 )

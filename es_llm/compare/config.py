@@ -1,5 +1,6 @@
 """The settings of ``es-llm compare``: ``CompareConfig`` and the nested settings of its
-sections (the blind spot, the budget study, the test-time curves)."""
+sections (the blind spot, the budget study, the test-time curves, the update geometry and
+the linear connectivity)."""
 
 from __future__ import annotations
 
@@ -92,6 +93,51 @@ class TestTimeCompare:
 
 
 @dataclass(frozen=True)
+class GeometryConfig:
+    # Update geometry (es_llm/compare/geometry.py): every model folder's weights against the
+    # reference's, their common base: update norms, the share of entries moved, the
+    # effective rank and top-k energy of each matrix's update, and the cosine between every
+    # two models' updates.
+    enabled: bool = False
+    # An entry counts as moved when it changed by more than this (absolute, in the weights'
+    # units): 0 counts every change, bf16 rounding included.
+    tolerance: float = 1e-6
+    # Leading singular values whose share of a matrix update's energy (sum of squared
+    # singular values) is reported.
+    top_k: int = 4
+
+    def __post_init__(self):
+        if not (is_finite_number(self.tolerance) and self.tolerance >= 0):
+            raise BadInput(f"geometry.tolerance must be a number >= 0, got {self.tolerance!r}.")
+        if self.top_k < 1:
+            raise BadInput(f"geometry.top_k must be at least 1, got {self.top_k}.")
+
+
+@dataclass(frozen=True)
+class ConnectivityConfig:
+    # Linear connectivity (es_llm/compare/connectivity.py): greedy accuracy and sampled pass@1
+    # of the weights (1 - alpha) A + alpha B along each pair, and the barrier height with its
+    # CI over problems. Setting pairs turns it on too.
+    enabled: bool = False
+    # Endpoint pairs as A:B, each a model name of the comparison or `reference`; empty = the
+    # reference to every other model folder.
+    pairs: tuple[str, ...] = ()
+    # Interpolation points in [0, 1]; 0 and 1 (the endpoints themselves) are required.
+    alphas: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
+
+    def __post_init__(self):
+        bad = [p for p in self.pairs if p.count(":") != 1 or "" in p.split(":")]
+        if bad:
+            raise BadInput(f"connectivity.pairs entries must be A:B (model names of the "
+                           f"comparison or `reference`, e.g. reference:es@0 es@0:grpo@0); got "
+                           f"{', '.join(map(repr, bad))}.")
+        outside = [a for a in self.alphas if not (is_finite_number(a) and 0 <= a <= 1)]
+        if outside or 0 not in self.alphas or 1 not in self.alphas:
+            raise BadInput(f"connectivity.alphas must lie in [0, 1] and include both endpoints "
+                           f"0 and 1 (e.g. [0, 0.25, 0.5, 0.75, 1]); got {list(self.alphas)}.")
+
+
+@dataclass(frozen=True)
 class CompareConfig:
     # Models as NAME=PATH: PATH is a model folder (sampled here), an eval folder or a
     # samples.jsonl (reused). NAME is a method, or method@seed for one of its training seeds.
@@ -139,6 +185,8 @@ class CompareConfig:
     blind_spot: BlindSpotConfig = field(default_factory=BlindSpotConfig)
     # Test-time methods on every model folder (es_llm/compare/testtime.py).
     testtime: TestTimeCompare = field(default_factory=TestTimeCompare)
+    geometry: GeometryConfig = field(default_factory=GeometryConfig)
+    connectivity: ConnectivityConfig = field(default_factory=ConnectivityConfig)
 
     def __post_init__(self):
         check_choices(self)

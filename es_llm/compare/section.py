@@ -25,6 +25,7 @@ import numpy as np
 
 from es_llm.compare.config import CompareConfig
 from es_llm.compare.samples import SampleSet
+from es_llm.errors import BadInput
 from es_llm.report import Block
 from populations.registry import Registry
 
@@ -82,6 +83,20 @@ def fields_dict(result) -> dict:
 
 def always(cfg: CompareConfig) -> bool:
     return True
+
+
+def model_folder(inp: CheckInput, source: Source, needs: str) -> Path:
+    """The model folder behind a compared model: its path when that is a model folder, else
+    the folder its samples record. BadInput when there is none; ``needs`` says what runs the
+    model's weights (e.g. "--blind-spot runs")."""
+    name, path, _ = source
+    loaded = inp.loaded.get(name)
+    folder = path if (path / "config.json").is_file() else (
+        Path(loaded.model) if loaded is not None and loaded.model else None)
+    if folder is None or not (folder / "config.json").is_file():
+        raise BadInput(f"{needs} {name}'s model, but {path} records no model folder; give the "
+                       f"model folder (or an eval folder whose config.yaml names one).")
+    return folder
 
 
 @dataclass(frozen=True)
