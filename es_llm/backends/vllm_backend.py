@@ -199,9 +199,12 @@ class VLLMBackend:
         seed + i."""
         from vllm import SamplingParams as VSP
 
+        # The text is decoded here from the ids (below), so vLLM's own incremental
+        # detokenization would be done twice; it is kept only where stop strings need it.
         per_prompt = [VSP(n=params.n, temperature=params.temperature, top_p=params.top_p,
                           max_tokens=params.max_tokens, stop=list(params.stop) or None,
-                          seed=seed, logprobs=1 if params.logprobs else None)
+                          detokenize=bool(params.stop), seed=seed,
+                          logprobs=1 if params.logprobs else None)
                       for seed in stream_seeds(params.seed, len(prompts), keys)]
         # Token-id prompts go in as they are (no re-tokenization that could merge tokens).
         inputs = [p if isinstance(p, str) else {"prompt_token_ids": list(p)} for p in prompts]
