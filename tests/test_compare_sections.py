@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from es_llm.compare.config import (BlindSpotConfig, BudgetConfig, CompareConfig,
-                                   ConnectivityConfig, GeometryConfig, TestTimeCompare)
+                                   ConnectivityConfig, DriftConfig, GeometryConfig,
+                                   TestTimeCompare)
 from es_llm.compare.difficulty import difficulty
 from es_llm.compare.run import compare, compute_all
 from es_llm.compare.samples import load_samples
@@ -58,18 +59,20 @@ def test_sections_take_their_declared_places_and_each_setting_adds_its_own():
             ({"testtime": TestTimeCompare(methods=("independent",))}, "testtime", 2),
             ({"budget": BudgetConfig(runs=("es@0=run",))}, "budget_study", 3),
             ({"geometry": GeometryConfig(enabled=True)}, "geometry", 8),
-            ({"connectivity": ConnectivityConfig(enabled=True)}, "connectivity", 8)):
+            ({"connectivity": ConnectivityConfig(enabled=True)}, "connectivity", 8),
+            ({"drift": DriftConfig(enabled=True)}, "drift", 8)):
         found = [n for n, _ in sections(CompareConfig(**setting))]
         assert found == ALWAYS[:place] + [name] + ALWAYS[place:], setting
     every = CompareConfig(temperatures=(0.6,), blind_spot=BlindSpotConfig(enabled=True),
                           testtime=TestTimeCompare(methods=("independent",)),
                           budget=BudgetConfig(runs=("es@0=run",)),
                           geometry=GeometryConfig(enabled=True),
-                          connectivity=ConnectivityConfig(enabled=True))
+                          connectivity=ConnectivityConfig(enabled=True),
+                          drift=DriftConfig(enabled=True))
     assert [n for n, _ in sections(every)] == [
         "summary", "capability", "difficulty", "blind_spot", "testtime", "training_samples",
         "budget_study", "passk", "coverage", "diversity", "training", "models", "geometry",
-        "connectivity"]
+        "connectivity", "drift"]
 
 
 def test_two_sections_in_one_place_are_refused():

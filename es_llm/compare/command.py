@@ -21,7 +21,8 @@ of the reference and per tier); with --budget-runs, accuracy along training runs
 against generated samples and training seconds; with --geometry, what each model
 folder's training did to the reference's weights (update norms, moved share,
 effective rank, cosines between updates); with --connectivity, accuracy along
-the straight line between two models' weights and its barrier. Several training
+the straight line between two models' weights and its barrier; with --drift,
+accuracy and KL to the reference on off-task problem sets. Several training
 seeds of one method are named method@seed and reported as a group (seed spread
 beside the bootstrap CIs). A checkpoint of a training run (RUN/checkpoints/NAME)
 compared on problems the run trained on gets a warning, or exit status 2 with
@@ -44,6 +45,9 @@ compared on problems the run trained on gets a warning, or exit status 2 with
            Flag("--connectivity", "connectivity.enabled", const=True),
            Flag("--connectivity-pairs", "connectivity.pairs", nargs="+", metavar="A:B"),
            Flag("--connectivity-alphas", "connectivity.alphas", type=float, nargs="+",
-                metavar="ALPHA")),
+                metavar="ALPHA"),
+           Flag("--drift", "drift.enabled", const=True),
+           Flag("--drift-tasks", "drift.tasks", nargs="+", metavar="[TASK=]FILE"),
+           Flag("--drift-kl-prompts", "drift.kl_prompts", type=int, metavar="N")),
     out_required=True,
 )

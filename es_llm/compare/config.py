@@ -1,6 +1,6 @@
 """The settings of ``es-llm compare``: ``CompareConfig`` and the nested settings of its
-sections (the blind spot, the budget study, the test-time curves, the update geometry and
-the linear connectivity)."""
+sections (the blind spot, the budget study, the test-time curves, the update geometry, the
+linear connectivity and the off-task drift)."""
 
 from __future__ import annotations
 
@@ -138,6 +138,31 @@ class ConnectivityConfig:
 
 
 @dataclass(frozen=True)
+class DriftConfig:
+    # Off-task drift (es_llm/compare/drift.py): every model's greedy accuracy on problem sets
+    # it was not trained on, its paired change against the reference with a CI over problems,
+    # and the mean per-token KL(model || reference) on its own greedy completions there.
+    enabled: bool = False
+    # Off-task problem files as FILE (read as the comparison's task) or TASK=FILE, e.g.
+    # arithmetic=base/data/arithmetic_eval.jsonl or a Countdown tier outside training from
+    # scripts/unseen_countdown.py; task.limit applies to each. Empty = the reference model's
+    # data/arithmetic_eval.jsonl (a testbed model's held-out arithmetic set).
+    tasks: tuple[str, ...] = ()
+    # The KL is averaged over the first this many problems of each file.
+    kl_prompts: int = 32
+
+    def __post_init__(self):
+        if self.kl_prompts < 1:
+            raise BadInput(f"drift.kl_prompts must be at least 1 (problems whose completions "
+                           f"the KL is averaged over), got {self.kl_prompts}.")
+        bad = [t for t in self.tasks if "=" in t and "" in t.split("=", 1)]
+        if bad:
+            raise BadInput(f"drift.tasks entries must be FILE or TASK=FILE (e.g. "
+                           f"arithmetic=base/data/arithmetic_eval.jsonl); got "
+                           f"{', '.join(map(repr, bad))}.")
+
+
+@dataclass(frozen=True)
 class CompareConfig:
     # Models as NAME=PATH: PATH is a model folder (sampled here), an eval folder or a
     # samples.jsonl (reused). NAME is a method, or method@seed for one of its training seeds.
@@ -187,6 +212,7 @@ class CompareConfig:
     testtime: TestTimeCompare = field(default_factory=TestTimeCompare)
     geometry: GeometryConfig = field(default_factory=GeometryConfig)
     connectivity: ConnectivityConfig = field(default_factory=ConnectivityConfig)
+    drift: DriftConfig = field(default_factory=DriftConfig)
 
     def __post_init__(self):
         check_choices(self)

@@ -184,6 +184,18 @@ def _vocab(folder: Path) -> dict:
     return AutoTokenizer.from_pretrained(folder).get_vocab()
 
 
+def check_same_vocabulary(reference: str, ref: Path, trained: dict[str, Path], needs: str) -> None:
+    """BadInput naming the first model of ``trained`` (name -> model folder) whose tokenizer
+    has another vocabulary than the reference's (``ref``); ``needs`` opens it."""
+    vocab = _vocab(ref)
+    for name, folder in trained.items():
+        if _vocab(folder) != vocab:
+            raise BadInput(f"{needs}, but the reference {reference!r} is not the common base "
+                           f"of the models: {name}'s tokenizer has another vocabulary "
+                           f"({folder}); give the model they were all trained from as "
+                           f"--reference.")
+
+
 def check(inp: CheckInput) -> dict[str, Path]:
     """The model folders of the geometry, reference first: every model a folder (or samples
     recording one) of the reference's architecture, tensor shapes and tokenizer."""
@@ -198,13 +210,7 @@ def check(inp: CheckInput) -> dict[str, Path]:
     folders = {inp.cfg.reference: ref, **trained}
     check_same_weights(folders, f"--geometry's reference {inp.cfg.reference!r} is not the "
                                 f"common base of the models")
-    vocab = _vocab(ref)
-    for name, folder in trained.items():
-        if _vocab(folder) != vocab:
-            raise BadInput(f"--geometry's reference {inp.cfg.reference!r} is not the common "
-                           f"base of the models: {name}'s tokenizer has another vocabulary "
-                           f"({folder}); give the model they were all trained from as "
-                           f"--reference.")
+    check_same_vocabulary(inp.cfg.reference, ref, trained, needs)
     return folders
 
 

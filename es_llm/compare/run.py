@@ -12,7 +12,7 @@ import yaml
 
 # Every section registers itself when its module is imported; these are all of them.
 from es_llm.compare import (blind_spot, budget, capability, connectivity, core,  # noqa: F401
-                            difficulty, geometry, runs, testtime)
+                            difficulty, drift, geometry, runs, testtime)
 from es_llm.compare.config import CompareConfig
 from es_llm.compare.core import summary_table
 from es_llm.compare.samples import SETTING_KEYS, align, check_name, load_samples, samples_path

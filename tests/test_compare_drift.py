@@ -1,0 +1,152 @@
+"""The off-task drift section of ``es-llm compare``: the KL on hand-made distributions and on
+a tiny random model against itself and a perturbed copy, the base's drift against itself,
+bad input, and the section end to end on the ci testbed."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shutil
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from es_llm.cli import main
+from es_llm.compare.config import CompareConfig, DriftConfig
+from es_llm.compare.drift import accuracy_changes, model_kl, token_kl
+from es_llm.compare.section import sections
+from es_llm.errors import BadInput
+from es_llm.testbed.standins import build_standin
+
+
+def test_token_kl_by_hand_on_two_tokens_of_a_three_token_vocabulary():
+    trained = torch.tensor([[[0.5, 0.25, 0.25], [0.2, 0.3, 0.5]]]).log()
+    base = torch.tensor([[[1 / 3, 1 / 3, 1 / 3], [0.2, 0.3, 0.5]]]).log()
+    first = 0.5 * math.log(1.5) + 2 * 0.25 * math.log(0.75)
+    both = token_kl(trained, base, torch.tensor([[True, True]]))
+    assert both.shape == (1,) and float(both[0]) == pytest.approx(first / 2)
+    assert float(token_kl(trained, base, torch.tensor([[1, 0]]))[0]) == pytest.approx(first)
+    # A zero-probability token of the trained model adds nothing; a masked NaN is dropped.
+    sure = torch.tensor([[[1.0, 0.0, 0.0], [float("nan")] * 3]]).log()
+    assert float(token_kl(sure, base, torch.tensor([[1, 0]]))[0]) == pytest.approx(math.log(3))
+    assert torch.isnan(token_kl(trained, base, torch.tensor([[0, 0]]))[0])
+
+
+class CharTokenizer:
+    """One id per character (ids 1..), a BOS of 0 unless special tokens are left out."""
+
+    def __call__(self, text, add_special_tokens=True):
+        ids = [1 + ord(c) % 15 for c in text]
+        return SimpleNamespace(input_ids=([0] if add_special_tokens else []) + ids)
+
+
+def _tiny_llama(seed):
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    config = LlamaConfig(vocab_size=16, hidden_size=16, intermediate_size=32,
+                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2)
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+
+
+def test_kl_of_a_model_to_itself_is_zero_and_of_a_perturbed_model_positive():
+    base = _tiny_llama(0)
+    perturbed = _tiny_llama(0)
+    with torch.no_grad():
+        for p in perturbed.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    prompts, completions = ["12+3=", "7*8="], ["15", "56 ok"]
+    tok = CharTokenizer()
+    assert model_kl(base, base, tok, prompts, completions) == [0.0, 0.0]
+    kl = model_kl(perturbed, base, tok, prompts, completions)
+    assert all(k > 0 for k in kl)
+    # An empty completion has no token to compare on.
+    assert model_kl(perturbed, base, tok, ["1+1="], [""]) == [None]
+
+
+def test_drift_of_the_base_against_itself_is_zero_with_a_ci_of_zero():
+    rng = np.random.default_rng(0)
+    base = (rng.random(40) < 0.5).astype(float)
+    worse = base * (rng.random(40) < 0.5)
+    changes = accuracy_changes({"base": base, "es": worse}, "base", rng, 200)
+    assert changes["base"]["diff"] == 0 and changes["base"]["ci95"] == [0.0, 0.0]
+    assert changes["base"]["a"] == pytest.approx(base.mean())
+    assert changes["es"]["diff"] == pytest.approx(worse.mean() - base.mean())
+    assert changes["es"]["ci95"][0] <= changes["es"]["diff"] <= changes["es"]["ci95"][1]
+
+
+def test_settings_are_checked_and_turn_the_section_on():
+    with pytest.raises(BadInput, match="drift.kl_prompts must be at least 1"):
+        DriftConfig(kl_prompts=0)
+    with pytest.raises(BadInput, match="FILE or TASK=FILE"):
+        DriftConfig(tasks=("arithmetic=",))
+    assert [n for n, _ in sections(CompareConfig(drift=DriftConfig(enabled=True)))][-1] == "drift"
+    assert "drift" not in [n for n, _ in sections(CompareConfig())]
+
+
+def test_bad_input_is_one_paragraph_with_status_2_and_nothing_written(standin, tmp_path, capsys):
+    qwen = standin("qwen2")
+    copy = tmp_path / "copy"
+    shutil.copytree(qwen, copy)
+    other_tokenizer = build_standin("qwen2", "ci", tmp_path / "other_tokenizer", seed=1)
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    models = [f"base={qwen}", f"a={copy}"]
+    data = str(qwen / "data" / "countdown_eval.jsonl")
+    cases = [
+        (models, ["--drift"], "none is given and the reference 'base' has no "
+                              "data/arithmetic_eval.jsonl"),
+        (models, ["--drift-tasks", str(tmp_path / "missing.jsonl")],
+         "drift task file .*missing.jsonl' does not exist"),
+        (models, ["--drift-tasks", f"countdown={empty}"], "empty.jsonl"),
+        (models, ["--drift-tasks", data, "--drift-kl-prompts", "0"],
+         "drift.kl_prompts must be at least 1"),
+        ([f"base={other_tokenizer}", f"a={copy}"], ["--drift-tasks", data],
+         "a's tokenizer has another vocabulary"),
+    ]
+    capsys.readouterr()  # the builds' progress bars
+    for models, extra, message in cases:
+        out = tmp_path / "out"
+        assert main(["compare", "--models", *models, "--drift", *extra, "--task", "countdown",
+                     "--n", "1", "--backend", "hf", "--out", str(out),
+                     "--no-progress"]) == 2, message
+        err = capsys.readouterr().err
+        assert err.startswith("es-llm compare: error:") and err.count("\n") == 1, err
+        assert re.search(message, err), err
+        assert not out.exists()
+
+
+@pytest.mark.slow
+def test_drift_end_to_end_on_the_ci_testbed(ci_testbed, tmp_path):
+    """A perturbed copy of the ci testbed against it on the testbed's arithmetic set (the
+    default) and its Countdown set: the reference's own drift is 0, the copy's KL is above 0."""
+    es = tmp_path / "es"
+    shutil.copytree(ci_testbed, es)
+    tensors = load_file(str(es / "model.safetensors"))
+    gen = torch.Generator().manual_seed(1)
+    save_file({k: v + 1e-2 * torch.randn(v.shape, generator=gen).to(v.dtype)
+               if v.is_floating_point() else v for k, v in tensors.items()},
+              str(es / "model.safetensors"), metadata={"format": "pt"})
+    out = tmp_path / "r"
+    arithmetic = f"arithmetic={ci_testbed / 'data' / 'arithmetic_eval.jsonl'}"
+    assert main(["compare", "--models", f"base={ci_testbed}", f"es={es}", "--task", "countdown",
+                 "--n", "1", "--limit", "6", "--backend", "hf", "--drift", "--drift-tasks",
+                 arithmetic, str(ci_testbed / "data" / "countdown_eval.jsonl"),
+                 "--drift-kl-prompts", "4", "--out", str(out), "--no-progress"]) == 0
+    drift = json.loads((out / "comparison.json").read_text())["drift"]
+    assert drift["reference"] == "base"
+    assert [t["task"] for t in drift["tasks"]] == ["arithmetic", "countdown"]
+    for t in drift["tasks"]:
+        assert t["num_problems"] == 6 and t["kl_prompts"] == 4
+        base, mine = t["models"]["base"], t["models"]["es"]
+        assert base["change"]["diff"] == 0 and base["change"]["ci95"] == [0.0, 0.0]
+        assert base["kl"] == 0.0 and mine["kl"] > 0
+        assert len(mine["kl_per_prompt"]) == 4
+        assert mine["change"]["diff"] == pytest.approx(mine["accuracy"] - base["accuracy"])
+    report = (out / "report.md").read_text()
+    assert "## Off-task drift" in report
+    assert (out / "figures" / "drift.png").stat().st_size > 0
