@@ -176,10 +176,19 @@ def greedy_rows(inp: SectionInput, name: str, folder: Path, entry: dict) -> dict
     return {row["problem_id"]: row for row in read_jsonl(out / "samples.jsonl")}
 
 
-def kl_per_model(inp: SectionInput, rows: dict[str, dict[str, dict]],
-                 ids: list[str]) -> dict[str, list]:
-    """Per model but the reference, ``model_kl`` on its own greedy completions of the
-    problems ``ids``; the reference and one other model are in memory at once."""
+def greedy_reads(inp: SectionInput, entry: dict) -> dict:
+    """One off-task set read greedily by every model: its rows by model and problem id, and
+    the problem ids in the reference's order."""
+    folders = inp.checked["folders"]
+    inp.echo(f"[compare] drift on {entry['label']}")
+    rows = {name: greedy_rows(inp, name, folder, entry) for name, folder in folders.items()}
+    return {"entry": entry, "rows": rows, "ids": list(rows[inp.cfg.reference])}
+
+
+def kl_per_model(inp: SectionInput, reads: list[dict]) -> dict[str, list[list]]:
+    """Per model but the reference and per off-task read (``greedy_reads``), ``model_kl`` on
+    the model's own greedy completions of the read's first ``drift.kl_prompts`` problems; the
+    reference and one other model are in memory at once, each loaded once."""
     from transformers import AutoTokenizer
 
     folders, reference = inp.checked["folders"], inp.cfg.reference
@@ -189,35 +198,35 @@ def kl_per_model(inp: SectionInput, rows: dict[str, dict[str, dict]],
     for name, folder in folders.items():
         if name == reference:
             continue
+        inp.echo(f"[compare] drift: KL of {name} to {reference}")
         trained = load_model(folder)
-        mine = [rows[name][i] for i in ids]
-        out[name] = model_kl(trained, base, tokenizer, [r["prompt"] for r in mine],
-                             [r["completion"] for r in mine])
+        out[name] = []
+        for read in reads:
+            mine = [read["rows"][name][i] for i in read["ids"][:inp.cfg.drift.kl_prompts]]
+            out[name].append(model_kl(trained, base, tokenizer, [r["prompt"] for r in mine],
+                                      [r["completion"] for r in mine]))
         del trained
     return out
 
 
-def read_task(inp: SectionInput, entry: dict) -> dict:
-    """One off-task set: every model's greedy accuracy, its paired change against the
-    reference and its mean KL to the reference."""
-    cfg, folders = inp.cfg, inp.checked["folders"]
-    inp.echo(f"[compare] drift on {entry['label']}")
-    rows = {name: greedy_rows(inp, name, folder, entry) for name, folder in folders.items()}
-    ids = list(rows[cfg.reference])
+def task_result(inp: SectionInput, read: dict, kls: dict[str, list]) -> dict:
+    """One off-task set's entry of comparison.json: every model's greedy accuracy, its
+    paired change against the reference and its mean KL to the reference (``kls``: per model
+    but the reference, the KL per prompt)."""
+    cfg, entry, ids = inp.cfg, read["entry"], read["ids"]
     correct = {name: np.array([bool(r[i]["correct"]) for i in ids], dtype=float)
-               for name, r in rows.items()}
+               for name, r in read["rows"].items()}
     changes = accuracy_changes(correct, cfg.reference, inp.rng(), cfg.bootstrap)
-    kl_ids = ids[:cfg.drift.kl_prompts]
-    kls = kl_per_model(inp, rows, kl_ids)
+    num_kl = min(len(ids), cfg.drift.kl_prompts)
     models = {}
-    for name in folders:
-        per_prompt = kls.get(name, [0.0] * len(kl_ids))  # the reference against itself
+    for name in read["rows"]:
+        per_prompt = kls.get(name, [0.0] * num_kl)  # the reference against itself
         counted = [k for k in per_prompt if k is not None]
         models[name] = {"accuracy": changes[name]["a"], "change": changes[name],
                         "kl": float(np.mean(counted)) if counted else None,
                         "kl_per_prompt": per_prompt}
     return {"label": entry["label"], "task": entry["task"].name, "data": entry["task"].data,
-            "num_problems": len(ids), "kl_prompts": len(kl_ids), "models": models}
+            "num_problems": len(ids), "kl_prompts": num_kl, "models": models}
 
 
 @dataclass(frozen=True)
@@ -233,8 +242,12 @@ class Drift:
 
 
 def compute(inp: SectionInput) -> Drift:
-    """``inp.checked``: the model folders and off-task sets (``check``)."""
-    return Drift(inp.cfg.reference, [read_task(inp, e) for e in inp.checked["tasks"]])
+    """``inp.checked``: the model folders and off-task sets (``check``). Every set is read
+    first, so that each model is loaded for the KL once."""
+    reads = [greedy_reads(inp, e) for e in inp.checked["tasks"]]
+    kls = kl_per_model(inp, reads)
+    return Drift(inp.cfg.reference, [task_result(inp, read, {n: k[j] for n, k in kls.items()})
+                                     for j, read in enumerate(reads)])
 
 
 def figure(drift: dict, path: Path) -> str:
