@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 import re
 import shutil
 from types import SimpleNamespace
@@ -17,10 +18,13 @@ from safetensors.torch import load_file, save_file
 
 from es_llm.cli import main
 from es_llm.compare.config import CompareConfig, DriftConfig
-from es_llm.compare.drift import accuracy_changes, model_kl, token_kl
+from es_llm.compare.drift import accuracy_changes, drift_tasks, model_kl, token_kl
 from es_llm.compare.section import sections
 from es_llm.errors import BadInput
+from es_llm.io import write_jsonl_atomic
+from es_llm.tasks import TaskConfig, arithmetic
 from es_llm.testbed.standins import build_standin
+from es_llm.testbed.train import record
 
 
 def test_token_kl_by_hand_on_two_tokens_of_a_three_token_vocabulary():
@@ -88,6 +92,26 @@ def test_settings_are_checked_and_turn_the_section_on():
     assert "drift" not in [n for n, _ in sections(CompareConfig())]
 
 
+def test_off_task_sets_are_files_or_task_files_and_default_to_the_arithmetic_set(standin,
+                                                                                tmp_path):
+    qwen = standin("qwen2")
+    data = str(qwen / "data" / "countdown_eval.jsonl")
+    cfg = CompareConfig(task=TaskConfig(limit=3, select="5:"),
+                        drift=DriftConfig(enabled=True, tasks=(data, f"countdown={data}")))
+    found = drift_tasks(cfg, qwen)
+    # One file twice gets two labels; each set keeps the comparison's limit, not its rows.
+    assert [f["label"] for f in found] == ["countdown_eval", "countdown_eval-1"]
+    assert {(f["task"].name, f["task"].data, f["task"].limit, f["task"].select)
+            for f in found} == {("countdown", data, 3, None)}
+    ref = tmp_path / "ref"
+    rng = random.Random(0)
+    write_jsonl_atomic(ref / "data" / "arithmetic_eval.jsonl",
+                [record(arithmetic.generate(rng, 2)[0]) for _ in range(4)])
+    (default,) = drift_tasks(CompareConfig(drift=DriftConfig(enabled=True)), ref)
+    assert (default["label"], default["task"].name) == ("arithmetic_eval", "arithmetic")
+    assert default["task"].data == str(ref / "data" / "arithmetic_eval.jsonl")
+
+
 def test_bad_input_is_one_paragraph_with_status_2_and_nothing_written(standin, tmp_path, capsys):
     qwen = standin("qwen2")
     copy = tmp_path / "copy"
@@ -132,15 +156,22 @@ def test_drift_end_to_end_on_the_ci_testbed(ci_testbed, tmp_path):
                if v.is_floating_point() else v for k, v in tensors.items()},
               str(es / "model.safetensors"), metadata={"format": "pt"})
     out = tmp_path / "r"
-    arithmetic = f"arithmetic={ci_testbed / 'data' / 'arithmetic_eval.jsonl'}"
-    assert main(["compare", "--models", f"base={ci_testbed}", f"es={es}", "--task", "countdown",
-                 "--n", "1", "--limit", "6", "--backend", "hf", "--drift", "--drift-tasks",
-                 arithmetic, str(ci_testbed / "data" / "countdown_eval.jsonl"),
-                 "--drift-kl-prompts", "4", "--out", str(out), "--no-progress"]) == 0
+    common = ["compare", "--models", f"base={ci_testbed}", f"es={es}", "--task", "countdown",
+              "--n", "1", "--limit", "6", "--backend", "hf", "--drift", "--drift-kl-prompts",
+              "4", "--no-progress"]
+    # The default off-task set: the testbed's arithmetic problems.
+    assert main(common + ["--out", str(out)]) == 0
     drift = json.loads((out / "comparison.json").read_text())["drift"]
     assert drift["reference"] == "base"
-    assert [t["task"] for t in drift["tasks"]] == ["arithmetic", "countdown"]
-    for t in drift["tasks"]:
+    assert [t["task"] for t in drift["tasks"]] == ["arithmetic"]
+    arithmetic = f"arithmetic={ci_testbed / 'data' / 'arithmetic_eval.jsonl'}"
+    countdown = str(ci_testbed / "data" / "countdown_rl.jsonl")
+    assert main(common + ["--drift-tasks", arithmetic, countdown, "--out", str(out)]) == 0
+    again = json.loads((out / "comparison.json").read_text())["drift"]
+    assert [t["task"] for t in again["tasks"]] == ["arithmetic", "countdown"]
+    # The arithmetic reads of the first run are reused: the same numbers.
+    assert again["tasks"][0] == drift["tasks"][0]
+    for t in again["tasks"]:
         assert t["num_problems"] == 6 and t["kl_prompts"] == 4
         base, mine = t["models"]["base"], t["models"]["es"]
         assert base["change"]["diff"] == 0 and base["change"]["ci95"] == [0.0, 0.0]
