@@ -117,6 +117,11 @@ def test_bad_input_is_one_paragraph_with_status_2_and_nothing_written(standin, t
     copy = tmp_path / "copy"
     shutil.copytree(qwen, copy)
     other_tokenizer = build_standin("qwen2", "ci", tmp_path / "other_tokenizer", seed=1)
+    wider = tmp_path / "wider"
+    shutil.copytree(qwen, wider)
+    config = json.loads((wider / "config.json").read_text())
+    (wider / "config.json").write_text(json.dumps({**config,
+                                                   "vocab_size": config["vocab_size"] + 8}))
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
     models = [f"base={qwen}", f"a={copy}"]
@@ -131,6 +136,8 @@ def test_bad_input_is_one_paragraph_with_status_2_and_nothing_written(standin, t
          "drift.kl_prompts must be at least 1"),
         ([f"base={other_tokenizer}", f"a={copy}"], ["--drift-tasks", data],
          "a's tokenizer has another vocabulary"),
+        ([f"base={qwen}", f"a={wider}"], ["--drift-tasks", data],
+         r"a's output layer has \d+ tokens and the reference 'base' has \d+"),
     ]
     capsys.readouterr()  # the builds' progress bars
     for models, extra, message in cases:

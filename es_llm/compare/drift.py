@@ -21,6 +21,7 @@ time. The comparison section ``drift`` (enabled by ``drift.enabled``) is at the 
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -152,6 +153,11 @@ def _num_problems(task: TaskConfig) -> int:
         built.close()
 
 
+def _output_width(folder: Path) -> int | None:
+    """A model folder's config.json vocab_size (None where it records none)."""
+    return json.loads((folder / "config.json").read_text(encoding="utf-8")).get("vocab_size")
+
+
 def check(inp: CheckInput) -> dict:
     """The reference's and every other model's folder (one tokenizer vocabulary, which the KL
     compares token by token) and the off-task sets, before anything is sampled."""
@@ -160,6 +166,14 @@ def check(inp: CheckInput) -> dict:
     trained = {src.name: model_folder(inp, src, needs) for src in inp.sources
                if src.name != inp.cfg.reference}
     check_same_vocabulary(inp.cfg.reference, ref, trained, needs)
+    # One tokenizer may sit on output layers of other widths (a padded vocabulary), whose
+    # next-token distributions cannot be compared entry by entry.
+    width = _output_width(ref)
+    for name, folder in trained.items():
+        if _output_width(folder) != width:
+            raise BadInput(f"{needs}, but {name}'s output layer has {_output_width(folder)} "
+                           f"tokens and the reference {inp.cfg.reference!r} has {width} "
+                           f"(config.json vocab_size); give models of one vocabulary.")
     return {"folders": {inp.cfg.reference: ref, **trained},
             "tasks": drift_tasks(inp.cfg, ref)}
 
