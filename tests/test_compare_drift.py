@@ -53,16 +53,18 @@ def _tiny_llama(seed):
 
     config = LlamaConfig(vocab_size=16, hidden_size=16, intermediate_size=32,
                          num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2)
-    torch.manual_seed(seed)
-    return AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    with torch.random.fork_rng(devices=[]):  # the session's RNG is left where it was
+        torch.manual_seed(seed)
+        return AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
 
 
 def test_kl_of_a_model_to_itself_is_zero_and_of_a_perturbed_model_positive():
     base = _tiny_llama(0)
     perturbed = _tiny_llama(0)
+    gen = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for p in perturbed.parameters():
-            p.add_(0.05 * torch.randn_like(p))
+            p.add_(0.05 * torch.randn(p.shape, generator=gen))
     prompts, completions = ["12+3=", "7*8="], ["15", "56 ok"]
     tok = CharTokenizer()
     assert model_kl(base, base, tok, prompts, completions) == [0.0, 0.0]
