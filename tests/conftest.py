@@ -1,4 +1,5 @@
-"""Shared fixtures: where the read-only evaluation data lives, and the ci testbed model."""
+"""Shared fixtures: where the read-only evaluation data lives, the ci testbed model, and a tiny
+random transformers model for unit tests that need no trained one."""
 
 from __future__ import annotations
 
@@ -102,3 +103,16 @@ def standin(tmp_path_factory):
         return built[arch]
 
     return get
+
+
+@pytest.fixture
+def tiny_qwen2():
+    """A fresh tiny random Qwen2 causal LM (vocabulary 64, 2 layers), the same weights every
+    time (seed 0), in eval mode."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    return Qwen2ForCausalLM(cfg).eval()

@@ -11,17 +11,8 @@ from es_llm.adapters import (LoraSettings, init_factors, merged_tensors, save_ad
 from es_llm.errors import BadInput
 
 
-def _tiny_qwen2():
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    cfg = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
-    torch.manual_seed(0)
-    return Qwen2ForCausalLM(cfg).eval()
-
-
-def test_targets_by_last_name_and_all_linear_skips_the_head():
-    model = _tiny_qwen2()
+def test_targets_by_last_name_and_all_linear_skips_the_head(tiny_qwen2):
+    model = tiny_qwen2
     chosen = target_linears(model, LoraSettings(target_modules=("q_proj", "v_proj")))
     assert list(chosen) == [f"model.layers.{i}.self_attn.{p}" for i in range(2)
                             for p in ("q_proj", "v_proj")]
@@ -29,8 +20,8 @@ def test_targets_by_last_name_and_all_linear_skips_the_head():
     assert len(every) == 2 * 7 and "lm_head" not in every
 
 
-def test_init_is_peft_default_and_seeded():
-    model = _tiny_qwen2()
+def test_init_is_peft_default_and_seeded(tiny_qwen2):
+    model = tiny_qwen2
     lora = LoraSettings(rank=4)
     linears = target_linears(model, lora)
     a, b = init_factors(linears, lora, 7), init_factors(linears, lora, 7)
@@ -44,11 +35,11 @@ def test_init_is_peft_default_and_seeded():
         "model.layers.0.self_attn.q_proj.lora_A.weight"])
 
 
-def test_merged_weights_equal_peft_and_saved_adapter_loads(tmp_path):
+def test_merged_weights_equal_peft_and_saved_adapter_loads(tmp_path, tiny_qwen2):
     from peft import PeftModel
     from transformers import Qwen2ForCausalLM
 
-    model = _tiny_qwen2()
+    model = tiny_qwen2
     lora = LoraSettings(rank=4, alpha=8, target_modules=("q_proj", "down_proj"))
     factors = init_factors(target_linears(model, lora), lora, 3)
     g = torch.Generator().manual_seed(1)
@@ -77,7 +68,7 @@ def test_merged_weights_equal_peft_and_saved_adapter_loads(tmp_path):
     (dict(alpha=-1.0), "lora.alpha must be a positive number"),
     (dict(dropout=1.0), "lora.dropout must lie in [0, 1)"),
 ])
-def test_bad_settings_are_refused(settings, words):
+def test_bad_settings_are_refused(settings, words, tiny_qwen2):
     with pytest.raises(BadInput, match=words.replace("[", r"\[").replace("(", r"\(")
                        .replace(")", r"\)")):
-        target_linears(_tiny_qwen2(), LoraSettings(**settings))
+        target_linears(tiny_qwen2, LoraSettings(**settings))

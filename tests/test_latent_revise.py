@@ -12,10 +12,12 @@ import torch
 
 from es_llm.cli import main
 from es_llm.tasks import Problem
-from gradient.commands.recovery import ReviseSettings, prefix_steps, split_rollout, step_spans
+from es_llm.errors import BadInput
+from gradient.commands.recovery import (ANCHORS, ReviseSettings, prefix_steps, split_rollout,
+                                        step_spans)
 from gradient.loop.batch import Rollout, RolloutBatch
-from gradient.maths.latent_revise import (RevisionProblem, continuation_logp, frank_wolfe_step,
-                                    hard_decode, revise, revise_loss)
+from gradient.maths.latent_revise import (RevisionProblem, away_term, continuation_logp,
+                                          frank_wolfe_step, hard_decode, revise, revise_loss)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -133,6 +135,28 @@ def test_revision_lowers_its_loss_and_counts_its_token_passes(ci_model):
     assert min(rev.losses[1:]) < rev.losses[0]
 
 
+def test_log_likelihoods_after_the_hard_prefix_are_written_and_match_the_tokens(tiny_qwen2):
+    model = tiny_qwen2
+    problem = RevisionProblem([1, 5, 9], [12, 30, 7, 44], [3, 17, 2], [40, 41, 2])
+    # From k = 0 one step of size 1 lands on a vertex; from k = 6 four steps stay inside.
+    one, inside = (revise(model, problem, steps=k, lam=0.5, first_step=k0)
+                   for k0, k in ((0, 1), (6, 4)))
+    for rev in (one, inside):
+        ids = problem.prompt_ids + rev.prefix_ids
+        assert rev.hard_gold_logp == pytest.approx(
+            _logp(model, ids + problem.gold_ids, len(ids)), rel=1e-5)
+        assert rev.hard_fail_logp == pytest.approx(
+            _logp(model, ids + problem.fail_ids, len(ids)), rel=1e-5)
+    # At the vertex the soft prefix is exactly one-hot: the soft and hard figures agree.
+    assert torch.equal(one.weights_T_V, torch.nn.functional.one_hot(
+        torch.tensor(one.prefix_ids), 64).float())
+    assert one.hard_gold_logp == pytest.approx(one.gold_logp[-1], rel=1e-6)
+    assert one.hard_fail_logp == pytest.approx(one.fail_logp[-1], rel=1e-6)
+    assert inside.weights_T_V.max() < 1
+    # Without the away term the failed continuation is read under neither prefix.
+    assert revise(model, problem, steps=1, lam=0.0).hard_fail_logp == 0.0
+
+
 # --- cutting a rollout ----------------------------------------------------------------------
 
 def _problem(numbers, target, reference) -> Problem:
@@ -169,10 +193,66 @@ def test_a_rollout_is_cut_through_its_first_rejected_step():
     assert split_rollout(facts, ref, 4)[0] == "7*3=21 3+4=7\n7*3=21 21+3=24 "
 
 
+def test_the_cut_before_the_first_wrong_step_keeps_no_rejected_step():
+    from es_llm.tasks.countdown_roles import first_wrong_step
+
+    ref = "7*3=21 21+4=25 <answer>7*3+4</answer>"
+    before = ReviseSettings(cut="before_first_wrong")
+    # Step 2 uses the 3 twice; step 3 of the second trace ends off the target (the verifier
+    # labels the last step); the third has a line of facts before its trace.
+    for numbers, failed, kept in [
+            ([7, 3, 4], "7*3=21 21+3=24 <answer>7*3+3</answer>", "7*3=21 "),
+            ([7, 3, 4], "7*3=21 21-4=17 <answer>7*3-4</answer>", "7*3=21 "),
+            ([7, 3, 4], "7*3=21 3+4=7\n7*3=21 21+3=24 <answer>7*3+3</answer>",
+             "7*3=21 3+4=7\n7*3=21 ")]:
+        p = _problem(numbers, 25, ref)
+        steps = prefix_steps(failed, p, before)
+        assert split_rollout(failed, ref, steps)[0] == kept
+        # One step fewer than the cut through the error, which keeps the rejected step.
+        assert steps == prefix_steps(failed, p, ReviseSettings(cut="first_wrong")) - 1
+        wrong = first_wrong_step(numbers, 25, failed)
+        assert len(step_spans(kept.split("\n")[-1])) == wrong - 1
+    # A rejected first step is kept all the same (documented): nothing else to revise.
+    wrong = "7*4=28 28-3=25 <answer>7*4-3</answer>"
+    assert prefix_steps(wrong, _problem([7, 3, 5], 25, ref), before) == 1
+
+
+def test_the_answer_anchor_holds_only_the_answer_block():
+    ref = "7*3=21\n7*3=21 21+4=25 <answer>7*3+4</answer>"
+    failed = "7*3=21 21+3=24 <answer>7*3+3</answer>"
+    for steps in (1, 2, 3):
+        prefix, fail, gold = split_rollout(failed, ref, steps, ANCHORS.get("answer"))
+        assert gold == "<answer>7*3+4</answer>"
+        assert prefix + fail == failed
+    # The spliced tail (the ablation, today's default) teacher-forces the reference's steps.
+    assert split_rollout(failed, ref, 1, ANCHORS.get("spliced_tail"))[2] == (
+        "7*3=21 21+4=25 <answer>7*3+4</answer>")
+    assert ANCHORS.get("answer")("3+4", 1) == "3+4"
+
+
+def test_unlikelihood_away_term_by_hand():
+    lp = torch.log(torch.tensor([0.5, 0.25, 1e-3]))
+    got = away_term("unlikelihood")(lp)
+    want = [-torch.log(torch.tensor(x)).item() for x in (0.5, 0.75, 0.999)]
+    assert got.tolist() == pytest.approx(want, rel=1e-5)
+    # Bounded: >= 0 everywhere, finite even where the failure is certain (log p = 0).
+    assert float(away_term("unlikelihood")(torch.tensor(0.0))) == pytest.approx(
+        -torch.log(torch.tensor(1e-7)).item(), rel=1e-3)
+    assert torch.equal(away_term("log")(lp), lp)
+
+
+@pytest.mark.parametrize("field, value", [("cut", "middle"), ("anchor", "tail"),
+                                          ("away", "hinge")])
+def test_an_unknown_choice_is_bad_input_naming_the_valid_ones(field, value):
+    with pytest.raises(BadInput, match=f"revise.{field}"):
+        ReviseSettings(**{field: value})
+
+
 @pytest.mark.parametrize("override, words", [
     ("revise.steps=0", "at least 1"), ("revise.away_weight=-0.5", ">= 0"),
     ("revise.cut_fraction=1.5", "beyond"), ("revise.cut_fraction=0", "beyond"),
-    ("revise.cut=middle", "middle"), ("search.n=0", "at least 1"),
+    ("revise.cut=middle", "middle"), ("revise.anchor=tail", "spliced_tail"),
+    ("revise.away=hinge", "unlikelihood"), ("search.n=0", "at least 1"),
 ])
 def test_bad_settings_exit_2_before_anything_is_written(override, words, ci_testbed, tmp_path,
                                                        capsys):
@@ -278,6 +358,11 @@ def test_recovery_files_agree_with_each_other_and_the_verifier(recovery, ci_test
     checked = [first_wrong_step(r["numbers"], r["target"], r["completion"]) is None
                for r in resampled]
     assert m["resample"]["checked_steps_share"] == pytest.approx(sum(checked) / len(checked))
+    # Both log-likelihoods after the hard prefix are written beside the soft ones.
+    hard_gain = [a["hard_gold_logp"] - a["gold_logp"][0] for a in attempts]
+    assert m["latent_revise"]["hard_gold_logp_gain_mean"] == pytest.approx(
+        sum(hard_gain) / len(hard_gain))
+    assert all("hard_fail_logp" in a for a in attempts)
     spent = sum(a["revision_passes"] + a["continuation_passes"] for a in attempts)
     assert m["latent_revise"]["token_passes_mean"] == pytest.approx(spent / m["zero_hit"])
     report = (recovery / "report.md").read_text()

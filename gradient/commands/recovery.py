@@ -6,7 +6,9 @@ training data file, beside plain resampling at the same cost.
    solves is zero-hit.
 2. **Revise.** For each zero-hit prompt, its first ``revise.rollouts_per_prompt`` failed
    samples that have a step are cut into prefix, failed continuation and gold continuation
-   (``split_rollout``), revised by ``revise.steps`` Frank-Wolfe steps and hard-decoded;
+   (``split_rollout``: the registered cut ``revise.cut`` and anchor ``revise.anchor``; the
+   defaults are the reading built first, the source's are ``before_first_wrong`` and
+   ``answer``), revised by ``revise.steps`` Frank-Wolfe steps and hard-decoded;
    ``revise.continuations`` continuations are sampled from prompt + hard prefix and judged by
    the task's verifier on prefix + continuation. A prompt is recovered when one is correct.
 3. **Resample.** The same prompts get plain samples, as many as cost the same token passes
@@ -34,6 +36,7 @@ import re
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -57,9 +60,15 @@ from es_llm.tasks import TaskConfig, build_task
 from es_llm.tasks.chat import render_prompts
 from es_llm.testbed.train import record
 from gradient.loop.seeds import derive_seed
-from gradient.maths.latent_revise import RevisionProblem, revise
+from gradient.maths.latent_revise import RevisionProblem, away_names, away_term, revise
+from populations.registry import Registry
 
-CUTS = ("first_wrong", "fraction")
+# A cut: (the rollout's step spans, its text, the problem, the settings) -> steps kept.
+CUTS: Registry[Callable[[list, str, Any, "ReviseSettings"], int]] = Registry("revise cut")
+# Cuts that read the Countdown verifier's label of each step.
+VERIFIER_CUTS = ("first_wrong", "before_first_wrong")
+# An anchor: (the reference solution, the prefix's step count) -> the gold continuation.
+ANCHORS: Registry[Callable[[str, int], str]] = Registry("revise anchor")
 _SPAN_RE = re.compile(r"\S+")
 
 
@@ -67,17 +76,30 @@ _SPAN_RE = re.compile(r"\S+")
 class ReviseSettings:
     # Frank-Wolfe steps per failed rollout (K), the model frozen.
     steps: int = 10
-    # lambda: weight of the failed continuation's log-likelihood, which the loss lowers.
+    # lambda: weight of the away term (revise.away) of the failed continuation, which the
+    # loss lowers.
     away_weight: float = 0.1
     # Index of the first step of the 2/(k+2) schedule (0: the textbook schedule, whose first
     # step goes all the way to a vertex; larger keeps more of the rollout's own prefix). 8
     # and lambda 0.1 were chosen on the default testbed (docs/benchmarks.md, "LatentRevise").
     first_step: int = 8
-    # Where the prefix ends: first_wrong (Countdown: through the first step the verifier
-    # rejects, so the revision can repair it) or fraction (the first ceil(cut_fraction x S)
-    # of the rollout's S steps, the answer counting as one).
-    cut: str = choice("first_wrong", lambda: CUTS)
+    # Where the prefix ends: before_first_wrong (Countdown: the steps before the first one
+    # the verifier rejects, at least one: the source's cut before the error), first_wrong
+    # (through that step, keeping the error for the revision to repair: the ablation, still
+    # the default so that recorded figures stay comparable) or fraction (the first
+    # ceil(cut_fraction x S) of the rollout's S steps, the answer counting as one).
+    cut: str = choice("first_wrong", lambda: CUTS.names())
+    # The share of the rollout's steps that revise.cut=fraction keeps.
     cut_fraction: float = 0.5
+    # What the revision pulls toward: answer (the reference's answer block and EOS: the
+    # source's gold-answer anchor) or spliced_tail (the reference's steps after the prefix's
+    # step count, then its answer: teacher forcing toward the reference's own steps; the
+    # ablation, still the default so that recorded figures stay comparable).
+    anchor: str = choice("spliced_tail", lambda: ANCHORS.names())
+    # The push away from the failed continuation, weighted by away_weight: log (+lambda log
+    # p(fail), unbounded below; the default) or unlikelihood (-lambda log(1 - p(fail)) of
+    # the whole continuation: >= 0, zero once the failure is impossible).
+    away: str = choice("log", away_names)
     # Failed rollouts revised per zero-hit prompt, and continuations sampled from each
     # revised prefix.
     rollouts_per_prompt: int = 1
@@ -141,30 +163,69 @@ def step_spans(text: str) -> list[tuple[int, int]]:
 
 
 def prefix_steps(completion: str, problem, settings: ReviseSettings) -> int:
-    """How many of the rollout's steps the prefix keeps (>= 1; 0 when it has none)."""
+    """How many of the rollout's steps the prefix keeps (>= 1; 0 when it has none), by the
+    registered cut ``settings.cut``."""
     spans = step_spans(completion)
-    if not spans:
-        return 0
-    if settings.cut == "fraction":
-        return min(len(spans), max(1, math.ceil(settings.cut_fraction * len(spans))))
+    return CUTS.get(settings.cut)(spans, completion, problem, settings) if spans else 0
+
+
+def _first_wrong_span(spans, completion: str, problem) -> int | None:
+    """The 1-based index among ``spans`` of the first step the Countdown verifier rejects
+    (None when it rejects none)."""
     from es_llm.tasks.countdown_roles import first_wrong_step, trace_part
 
     wrong = first_wrong_step(problem.gold["numbers"], problem.gold["target"], completion)
+    if wrong is None:
+        return None
     # The verifier numbers the words of the last line only (trace_part); the spans count
     # every word, so the earlier lines' words come first.
     start = completion.rfind(trace_part(completion).strip("\n"))
-    before = sum(1 for s, _ in spans if s < start)
-    return min(len(spans), before + (wrong or len(spans) - before))
+    return min(len(spans), sum(1 for s, _ in spans if s < start) + wrong)
 
 
-def split_rollout(completion: str, reference: str, steps: int) -> tuple[str, str, str]:
+@CUTS.register("fraction")
+def _cut_fraction(spans, completion, problem, settings) -> int:
+    return min(len(spans), max(1, math.ceil(settings.cut_fraction * len(spans))))
+
+
+@CUTS.register("first_wrong")
+def _cut_through_first_wrong(spans, completion, problem, settings) -> int:
+    """Through the first rejected step: the prefix holds the error (the ablation)."""
+    wrong = _first_wrong_span(spans, completion, problem)
+    return len(spans) if wrong is None else wrong
+
+
+@CUTS.register("before_first_wrong")
+def _cut_before_first_wrong(spans, completion, problem, settings) -> int:
+    """The steps before the first rejected one (the source's cut before the error). A trace
+    whose first step is rejected keeps that step all the same: an empty prefix leaves
+    nothing to revise."""
+    wrong = _first_wrong_span(spans, completion, problem)
+    return len(spans) if wrong is None else max(1, wrong - 1)
+
+
+@ANCHORS.register("spliced_tail")
+def spliced_tail(reference: str, steps: int) -> str:
+    """The reference after its first ``steps`` steps (at least its answer block): the gold
+    continuation as if the reference had written the rollout's prefix (the ablation)."""
+    ref = step_spans(reference)
+    return reference[ref[min(steps, len(ref) - 1)][0] if ref else 0:]
+
+
+@ANCHORS.register("answer")
+def answer_block(reference: str, steps: int) -> str:
+    """The reference's answer block alone (``<answer>`` to the end; the whole reference when
+    it has none): the source's gold-answer anchor, whatever steps lead there."""
+    return reference[max(reference.find("<answer>"), 0):]
+
+
+def split_rollout(completion: str, reference: str, steps: int,
+                  anchor: Callable[[str, int], str] = spliced_tail) -> tuple[str, str, str]:
     """``(prefix, failed continuation, gold continuation)``: the rollout through its first
-    ``steps`` steps, the rest of it, and the reference solution after its first ``steps``
-    steps (at least its answer block)."""
-    spans, ref = step_spans(completion), step_spans(reference)
+    ``steps`` steps, the rest of it, and the anchor's text of the reference."""
+    spans = step_spans(completion)
     at = spans[steps][0] if steps < len(spans) else len(completion)
-    gold_from = ref[min(steps, len(ref) - 1)][0] if ref else 0
-    return completion[:at], completion[at:], reference[gold_from:]
+    return completion[:at], completion[at:], anchor(reference, steps)
 
 
 # --- the command --------------------------------------------------------------------------------
@@ -175,9 +236,9 @@ def _check(cfg: LatentReviseConfig):
     if is_diffusion_model(cfg.model):
         raise BadInput(f"{cfg.model} is a masked-diffusion model; LatentRevise revises the "
                        f"input embeddings of a causal LM's prefix, so give a causal LM folder.")
-    if cfg.revise.cut == "first_wrong" and cfg.task.name != "countdown":
-        raise BadInput(f"revise.cut=first_wrong reads Countdown steps; task {cfg.task.name!r} "
-                       f"needs revise.cut=fraction.")
+    if cfg.revise.cut in VERIFIER_CUTS and cfg.task.name != "countdown":
+        raise BadInput(f"revise.cut={cfg.revise.cut} reads Countdown steps; task "
+                       f"{cfg.task.name!r} needs revise.cut=fraction.")
     check_device(cfg.runtime.device)
     choose_backend(cfg.backend, cfg.model)
     cfg = resolve_training_data(cfg)
@@ -294,11 +355,13 @@ def _revise_all(cfg, task, problems, outs, zero, model, tokenizer, sampler, prog
         failed = [c.text for c in outs[i] if step_spans(c.text)][:r.rollouts_per_prompt]
         for j, text in enumerate(failed):
             steps = prefix_steps(text, p, r)
-            prefix, fail, gold = split_rollout(text, p.meta["reference"], steps)
+            prefix, fail, gold = split_rollout(text, p.meta["reference"], steps,
+                                               ANCHORS.get(r.anchor))
             eos = [tokenizer.eos_token_id]
             rp = RevisionProblem(prompt_ids, _ids(tokenizer, prefix), _ids(tokenizer, gold) + eos,
                                  _ids(tokenizer, fail) + eos)
-            rev = revise(model, rp, r.steps, r.away_weight, r.first_step, allowed)
+            rev = revise(model, rp, r.steps, r.away_weight, r.first_step, allowed,
+                         away_term(r.away))
             cost[i] += rev.token_passes
             attempts.append({"problem_id": p.id, "index": i, "rollout": j, "failed": text,
                              "prefix_steps": steps, "prefix": prefix,
@@ -308,6 +371,8 @@ def _revise_all(cfg, task, problems, outs, zero, model, tokenizer, sampler, prog
                                                                          rev.prefix_ids)),
                              "prefix_tokens": len(rp.prefix_ids), "loss": rev.losses,
                              "gold_logp": rev.gold_logp, "fail_logp": rev.fail_logp,
+                             "hard_gold_logp": rev.hard_gold_logp,
+                             "hard_fail_logp": rev.hard_fail_logp,
                              "revision_passes": rev.token_passes})
     params = _params(s, r.continuations, "continue")
     prompts = [list(tokenizer(problems[a["index"]].prompt).input_ids) + a["revised_ids"]
@@ -390,8 +455,12 @@ def _metrics(cfg, problems, zero, attempts, recovered, resampled, lr_cost, rs_co
     rs_hits = [resampled[i] is not None for i in zero]
     diff = [float(a) - float(b) for a, b in zip(lr_hits, rs_hits)]
     lo_hi = list(bootstrap_ci(np.array(diff), rng, cfg.bootstrap)) if diff else None
+    # The gains from the rollout's own prefix (the first measurement) to the soft prefix
+    # the revision ends at, and to its hard decoding, which the continuations read.
     gain = [a["gold_logp"][-1] - a["gold_logp"][0] for a in attempts]
     drop = [a["fail_logp"][0] - a["fail_logp"][-1] for a in attempts]
+    hard_gain = [a["hard_gold_logp"] - a["gold_logp"][0] for a in attempts]
+    hard_drop = [a["fail_logp"][0] - a["hard_fail_logp"] for a in attempts]
     changed = sum(a["changed_tokens"] for a in attempts) / max(1, sum(a["prefix_tokens"]
                                                                       for a in attempts))
     return {
@@ -403,8 +472,9 @@ def _metrics(cfg, problems, zero, attempts, recovered, resampled, lr_cost, rs_co
             "token_passes_mean": float(np.mean(list(lr_cost.values()))) if zero else 0.0,
             "revision_passes_mean": (float(np.mean([a["revision_passes"] for a in attempts]))
                                      if attempts else 0.0),
-            "gold_logp_gain_mean": float(np.mean(gain)) if gain else None,
-            "fail_logp_drop_mean": float(np.mean(drop)) if drop else None,
+            "gold_logp_gain_mean": _mean(gain), "fail_logp_drop_mean": _mean(drop),
+            "hard_gold_logp_gain_mean": _mean(hard_gain),
+            "hard_fail_logp_drop_mean": _mean(hard_drop),
             "changed_token_share": changed, "seconds": round(seconds["latent_revise_s"], 2),
             "checked_steps_share": _checked_steps(recovered)},
         "resample": {
@@ -415,6 +485,10 @@ def _metrics(cfg, problems, zero, attempts, recovered, resampled, lr_cost, rs_co
         "difference": {"value": float(np.mean(diff)) if diff else None, "ci95": lo_hi},
         "base_rollouts": base_count, "search_s": round(seconds["search_s"], 2),
     }
+
+
+def _mean(values: list[float]) -> float | None:
+    return float(np.mean(values)) if values else None
 
 
 def _checked_steps(rows: list[dict]) -> float | None:
@@ -448,7 +522,10 @@ def _report(m: dict) -> list:
         Paragraph(f"LatentRevise minus resampling: {diff} (paired over zero-hit prompts)."),
         Paragraph(f"Revisions: {lr['revisions']}; the gold continuation's log-likelihood rose "
                   f"by {fixed(lr['gold_logp_gain_mean'], 2)} nats and the failed one's fell by "
-                  f"{fixed(lr['fail_logp_drop_mean'], 2)} nats on average; "
+                  f"{fixed(lr['fail_logp_drop_mean'], 2)} nats on average after the soft "
+                  f"prefix; after its hard decoding, which the continuations read, they moved "
+                  f"by {fixed(lr['hard_gold_logp_gain_mean'], 2)} and "
+                  f"{fixed(lr['hard_fail_logp_drop_mean'], 2)} nats; "
                   f"{pct(lr['changed_token_share'])} of prefix tokens changed."),
         Paragraph(f"Written trajectories whose every step checks (the answer alone decides the "
                   f"verdict): LatentRevise {pct(lr['checked_steps_share'])}, resampling "

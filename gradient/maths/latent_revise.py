@@ -14,11 +14,15 @@ steps per failed rollout. The reading here:
   the vocabulary; its input embedding is ``w_t @ E`` (E the model's input embedding matrix,
   ``(V, D)``). Start: the one-hot of the rollout's own token, where the model's logits are
   exactly those of the original tokens (tested).
-* **Loss.** ``L(w) = -log p(gold | prompt, w) + lambda * log p(fail | prompt, w)``: the sum of
-  token log-likelihoods of the gold continuation (the reference solution from the step the
-  prefix ends at: its remaining steps and answer) minus ``lambda`` times that of the failed
-  continuation (what the rollout wrote after the prefix). The first term pulls toward the
-  gold answer, the second pushes away from the failure; ``lambda >= 0``.
+* **Loss.** ``L(w) = -log p(gold | prompt, w) + lambda * away(log p(fail | prompt, w))``:
+  the gold continuation's summed token log-likelihood and a term of the failed
+  continuation's (what the rollout wrote after the prefix), ``lambda >= 0``. The first term
+  pulls toward the gold answer, the second pushes away from the failure. What the gold
+  continuation is (the anchor) is the caller's: the source anchors on the gold answer
+  (``gradient.commands.recovery``, ``revise.anchor=answer``); the reading built first, still
+  the default, splices the reference's remaining steps and answer. The away term is
+  registered: ``log`` (``log p(fail)`` itself, unbounded below; the default) or
+  ``unlikelihood`` (``-log(1 - p(fail))``, bounded below by 0).
 * **Frank-Wolfe.** The linear minimiser of ``<grad_t, s>`` over the simplex is the vertex of
   the smallest gradient entry; ``w_t <- (1 - gamma_k) w_t + gamma_k onehot(argmin_v
   grad_t[v])`` with ``gamma_k = 2 / (k + 2)`` for ``k = first_step .. first_step + K - 1``,
@@ -29,20 +33,29 @@ steps per failed rollout. The reading here:
 * **Back to tokens.** The argmax of each position's weights (ties: the lower id): a hard
   prefix the model can be sampled from and trained on. Continuations are sampled from the
   prompt plus that hard prefix and judged by the task's verifier on prefix plus
-  continuation.
+  continuation. Departure: the source continues from the revised (soft) prefix itself; that
+  path is not built yet. Because the loss's log-likelihoods are those after the soft prefix,
+  which the continuations never see, ``revise`` also measures both after the hard prefix.
 
 ``revise`` counts its cost in token passes: a forward pass over a sequence of n tokens costs
 n, a backward pass 2n (the usual estimate of a backward pass at twice a forward). One step
 reads two rows, the context (prompt and prefix, c tokens) before the gold continuation and
 before the failed one: ``2 c + n_gold + n_fail`` tokens. K steps forward and backward, and
-one forward pass measuring the final prefix, cost ``(3 K + 1) (2 c + n_gold + n_fail)``.
+one forward pass measuring the final prefix, cost ``(3 K + 1) (2 c + n_gold + n_fail)``; the
+forward pass measuring the hard prefix is a diagnostic and is not charged.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
+
+from populations.registry import Registry
+
+# An away term: log p(fail) (a 0-d tensor) -> the quantity the loss adds lambda times.
+_AWAY: Registry[Callable[[torch.Tensor], torch.Tensor]] = Registry("away term")
 
 # Token passes of a backward pass, per token, against 1 for a forward pass.
 BACKWARD_COST = 2
@@ -73,6 +86,32 @@ def hard_decode(weights_T_V: torch.Tensor) -> list[int]:
     return weights_T_V.argmax(dim=-1).tolist()
 
 
+@_AWAY.register("log")
+def log_away(fail_logp: torch.Tensor) -> torch.Tensor:
+    """``log p(fail)`` itself: lowering it has no floor (the reading built first)."""
+    return fail_logp
+
+
+@_AWAY.register("unlikelihood")
+def unlikelihood_away(fail_logp: torch.Tensor) -> torch.Tensor:
+    """``-log(1 - p(fail))`` of the whole failed continuation: >= 0, and 0 once the failure
+    is impossible, so the push away is bounded. Departure from Welleck et al. (2019), who
+    apply it per token: here it takes the whole continuation's probability, so the term and
+    its gradient vanish once the failure is already improbable."""
+    # A certain failure (log p = 0) would make the loss infinite; the clamp caps it near 16.
+    return -torch.log(-torch.expm1(fail_logp.clamp(max=-1e-7)))
+
+
+def away_names() -> list[str]:
+    """The registered away terms, sorted."""
+    return _AWAY.names()
+
+
+def away_term(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The away term ``name``; ValueError naming the valid ones if unknown."""
+    return _AWAY.get(name)
+
+
 def continuation_logp(model, context_1_S_D: torch.Tensor, target_ids: list[int]) -> torch.Tensor:
     """Summed log-probability of ``target_ids`` after input embeddings ``context_1_S_D`` (a
     0-d tensor, differentiable with respect to the context); 0 for an empty target."""
@@ -100,33 +139,55 @@ class RevisionProblem:
 @dataclass(frozen=True)
 class Revision:
     # The final simplex weights (T, V), their hard decoding, the loss and the two
-    # log-likelihoods before each step and after the last, and the revision's token passes.
+    # log-likelihoods under the soft prefix before each step and after the last, and the
+    # revision's token passes.
     weights_T_V: torch.Tensor
     prefix_ids: list[int]
     losses: list[float]
     gold_logp: list[float]
     fail_logp: list[float]
     token_passes: int
+    # The two log-likelihoods after the hard-decoded prefix, the tokens the continuations
+    # are sampled from (log p(fail) is 0 when lambda is 0, as under the soft prefix).
+    hard_gold_logp: float
+    hard_fail_logp: float
 
 
 def revise_loss(model, prompt_1_P_D: torch.Tensor, weights_T_V: torch.Tensor,
-                gold_ids: list[int], fail_ids: list[int], lam: float
+                gold_ids: list[int], fail_ids: list[int], lam: float,
+                away: Callable[[torch.Tensor], torch.Tensor] = log_away
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(L, log p(gold), log p(fail))`` with ``L = -log p(gold) + lam log p(fail)``, both
-    given the prompt's embeddings and the soft prefix ``weights_T_V @ E``; with ``lam`` 0 the
-    failed continuation is not read and its log-likelihood is returned as 0."""
+    """``(L, log p(gold), log p(fail))`` with ``L = -log p(gold) + lam away(log p(fail))``,
+    both given the prompt's embeddings and the soft prefix ``weights_T_V @ E``; with ``lam``
+    0 the failed continuation is not read and its log-likelihood is returned as 0."""
     E_V_D = model.get_input_embeddings().weight
     soft_1_T_D = (weights_T_V.to(E_V_D.dtype) @ E_V_D)[None]
     context_1_S_D = torch.cat([prompt_1_P_D, soft_1_T_D], dim=1)
     gold = continuation_logp(model, context_1_S_D, gold_ids)
     fail = continuation_logp(model, context_1_S_D, fail_ids) if lam else gold.detach() * 0.0
-    return -gold + lam * fail, gold, fail
+    return -gold + lam * away(fail), gold, fail
+
+
+def hard_prefix_logp(model, prompt_1_P_D: torch.Tensor, prefix_ids: list[int],
+                     gold_ids: list[int], fail_ids: list[int], lam: float) -> tuple[float, float]:
+    """``(log p(gold), log p(fail))`` after the prompt and the token prefix ``prefix_ids``:
+    what the continuations actually see, where the revision's own figures are for the soft
+    prefix they never see. The prefix enters as one-hot weights, whose embeddings are the
+    tokens' own (tested), so both figures read through the same code."""
+    V = model.get_input_embeddings().weight.shape[0]
+    onehot_T_V = torch.nn.functional.one_hot(
+        torch.tensor(prefix_ids, device=prompt_1_P_D.device), V).float()
+    with torch.no_grad():
+        _, gold, fail = revise_loss(model, prompt_1_P_D, onehot_T_V, gold_ids, fail_ids, lam)
+    return float(gold), float(fail)
 
 
 def revise(model, problem: RevisionProblem, steps: int, lam: float, first_step: int = 0,
-           allowed_V: torch.Tensor | None = None) -> Revision:
+           allowed_V: torch.Tensor | None = None,
+           away: Callable[[torch.Tensor], torch.Tensor] = log_away) -> Revision:
     """``steps`` Frank-Wolfe steps on the soft prefix of ``problem`` with the model frozen
-    (its parameters get no gradient); see the module docstring."""
+    (its parameters get no gradient), then the log-likelihoods after its hard decoding; see
+    the module docstring."""
     V = model.get_input_embeddings().weight.shape[0]
     device = model.get_input_embeddings().weight.device
     with torch.no_grad():
@@ -144,7 +205,7 @@ def revise(model, problem: RevisionProblem, steps: int, lam: float, first_step: 
         for k in range(first_step, first_step + steps + 1):
             w = weights_T_V.clone().requires_grad_(True)
             loss, gold, fail = revise_loss(model, prompt_1_P_D, w, problem.gold_ids,
-                                           problem.fail_ids, lam)
+                                           problem.fail_ids, lam, away)
             losses.append(float(loss.detach()))
             gold_lp.append(float(gold.detach()))
             fail_lp.append(float(fail.detach()))
@@ -152,9 +213,14 @@ def revise(model, problem: RevisionProblem, steps: int, lam: float, first_step: 
                 break  # the last pass only measures the final point
             (grad_T_V,) = torch.autograd.grad(loss, w)
             weights_T_V = frank_wolfe_step(weights_T_V, grad_T_V, k, allowed_V)
+        hard_ids = hard_decode(weights_T_V)
+        hard_gold, hard_fail = hard_prefix_logp(model, prompt_1_P_D, hard_ids, problem.gold_ids,
+                                                problem.fail_ids, lam)
     finally:
         for p, r in zip(model.parameters(), requires):
             p.requires_grad_(r)
+    # The hard-prefix measurement is a diagnostic, not part of the method: not charged.
     passes = steps * (1 + BACKWARD_COST) * per_step + per_step
-    return Revision(weights_T_V=weights_T_V, prefix_ids=hard_decode(weights_T_V), losses=losses,
-                    gold_logp=gold_lp, fail_logp=fail_lp, token_passes=passes)
+    return Revision(weights_T_V=weights_T_V, prefix_ids=hard_ids, losses=losses,
+                    gold_logp=gold_lp, fail_logp=fail_lp, token_passes=passes,
+                    hard_gold_logp=hard_gold, hard_fail_logp=hard_fail)
