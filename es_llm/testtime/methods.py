@@ -29,11 +29,10 @@ from es_llm.testtime.generations import Gen, Generations
 from populations.registry import Registry
 
 
-def _branchings() -> list[str]:
-    """TTEL's branching variants, read when asked: their module imports this one."""
-    from es_llm.testtime.ttel import BRANCHINGS
-
-    return BRANCHINGS.names()
+# TTEL's branching variants (``BranchInput -> list[Branched]``), registered by ttel.py; the
+# registry lives here so the settings can name its choices without importing ttel.py, which
+# imports this module.
+BRANCHINGS: Registry[Callable] = Registry("ttel branching")
 
 
 @dataclass(frozen=True)
@@ -64,7 +63,7 @@ class TestTimeSettings:
     ttel_threshold: float = 0.0
     # TTEL: how branches are drawn: parallel (localise once, every branch from the one kept
     # prefix) or sequential (one branch at a time, each rejected branch localised afresh).
-    ttel_branching: str = choice("parallel", _branchings)
+    ttel_branching: str = choice("parallel", lambda: BRANCHINGS)
 
     def __post_init__(self):
         check_choices(self, "testtime.")

@@ -25,16 +25,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
 from es_llm.tasks import Problem
 from es_llm.tasks.countdown_roles import NO_LOCATION, SELF_REPAIR, first_wrong_step
 from es_llm.testtime.generations import Gen
-from es_llm.testtime.methods import (MethodInput, MethodResult, mean_or_none, outcome,
-                                     prompt, register_method, vote)
-from populations.registry import Registry
+from es_llm.testtime.methods import (BRANCHINGS, MethodInput, MethodResult, mean_or_none,
+                                     outcome, prompt, register_method, vote)
 
 
 def contexts(problem: Problem, trace: str) -> tuple[str, str]:
@@ -133,9 +131,6 @@ class Branched:
     first_segment: int
     branches: list[Gen]
     localizations: int
-
-
-BRANCHINGS: Registry[Callable[[BranchInput], list[Branched]]] = Registry("ttel branching")
 
 
 def _cut_and_branch(m: MethodInput, stage: str, todo: list[tuple[Problem, str]], n: int
