@@ -5,6 +5,9 @@ rows."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,8 +19,10 @@ from es_llm.errors import BadInput
 from gradient.commands.recovery import (ANCHORS, ReviseSettings, prefix_steps, split_rollout,
                                         step_spans)
 from gradient.loop.batch import Rollout, RolloutBatch
-from gradient.maths.latent_revise import (RevisionProblem, away_term, continuation_logp,
-                                          frank_wolfe_step, hard_decode, revise, revise_loss)
+from es_llm.testbed.standins import ARCHITECTURES
+from gradient.maths.latent_revise import (AWAY_TERMS, RevisionProblem, continuation_logp,
+                                          frank_wolfe_step, hard_decode, revise, revise_loss,
+                                          soft_embeddings)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -83,6 +88,55 @@ def test_one_hot_soft_prefix_gives_exactly_the_original_logits(ci_model):
         soft = torch.cat([model.get_input_embeddings()(torch.tensor([prompt])), (w @ E)[None]], 1)
         assert torch.equal(model(inputs_embeds=soft).logits,
                            model(torch.tensor([prompt + prefix])).logits)
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
+def test_embeddings_prefill_at_the_one_hot_start_continues_as_the_token_prefix(arch, standin):
+    """The soft-prefix continuation's entry point: prompt + one-hot prefix as embeddings
+    (Gemma's scaled embeddings included) gives the greedy ids of the token prompt, in a
+    batch whose rows differ in length (left padding) and mix embeddings with token ids."""
+    from es_llm.backends.hf import HFBackend
+    from es_llm.backends.base import SamplingParams
+
+    hf = HFBackend(str(standin(arch)))
+    tok, model = hf.tokenizer, hf.model
+    prompts = [tok("nums 7 3 4 make 25\n").input_ids + tok("7*3=21", add_special_tokens=False)
+               .input_ids, tok("nums 2 9 make 11\n").input_ids]
+    V = model.get_input_embeddings().weight.shape[0]
+    with torch.no_grad():
+        soft = [soft_embeddings(model, torch.nn.functional.one_hot(torch.tensor(p), V).float())
+                for p in prompts]
+    greedy = SamplingParams(n=1, temperature=0.0, max_tokens=12, seed=0, logprobs=True)
+    by_ids = hf.generate(prompts, greedy)
+    assert [r[0].token_ids for r in hf.generate(soft, greedy)] == [
+        r[0].token_ids for r in by_ids]
+    assert hf.generate([soft[0], prompts[1]], greedy)[1][0].token_ids == by_ids[1][0].token_ids
+    # Off the vertices the model reads the embeddings given, not the tokens they came from.
+    noisy = soft[0] + torch.randn(soft[0].shape, generator=torch.Generator().manual_seed(0))
+    assert hf.generate([noisy], greedy)[0][0].logprobs != by_ids[0][0].logprobs
+
+
+@pytest.mark.vllm
+def test_vllm_prompt_embeddings_at_the_one_hot_start_continue_as_the_token_prefix(ci_testbed):
+    pytest.importorskip("vllm")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "vllm_embeds_check.py"),
+                           str(ci_testbed)], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300, check=False)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(lines[-1][len("RESULT "):])
+    assert result == {"equal": [True] * 4, "noisy_differs": [True] * 4}
+
+
+def test_an_engine_without_prompt_embeddings_refuses_a_soft_prefix():
+    from es_llm.backends.vllm_backend import VLLMBackend
+
+    engine = object.__new__(VLLMBackend)  # the check reads one flag, not the engine
+    engine.prompt_embeds = False
+    assert engine._input([3, 4]) == {"prompt_token_ids": [3, 4]}
+    with pytest.raises(BadInput, match="enable_prompt_embeds"):
+        engine._input(torch.zeros(2, 8))
 
 
 def test_loss_pulls_toward_gold_and_pushes_away_from_the_failure(ci_model):
@@ -172,13 +226,14 @@ def test_a_rollout_is_cut_through_its_first_rejected_step():
     assert [failed[a:b] for a, b in step_spans(failed)] == ["7*3=21", "21+3=24",
                                                             "<answer>7*3+3</answer>"]
     # Step 2 uses the 3 twice: the prefix keeps it so the revision can repair it.
-    steps = prefix_steps(failed, p, ReviseSettings(cut="first_wrong"))
+    through = ReviseSettings(cut="first_wrong")
+    steps = prefix_steps(failed, p, through)
     assert steps == 2
     assert split_rollout(failed, ref, steps) == ("7*3=21 21+3=24 ", "<answer>7*3+3</answer>",
                                                  "<answer>7*3+4</answer>")
     # A wrong first step: prefix = that step, gold = the reference from its second step.
     wrong = "7*4=28 28-3=25 <answer>7*4-3</answer>"
-    assert prefix_steps(wrong, _problem([7, 3, 5], 25, ref), ReviseSettings()) == 1
+    assert prefix_steps(wrong, _problem([7, 3, 5], 25, ref), through) == 1
     assert split_rollout(wrong, ref, 1) == ("7*4=28 ", "28-3=25 <answer>7*4-3</answer>",
                                             "21+4=25 <answer>7*3+4</answer>")
     # Fractions of the S steps (the answer counting as one), rounded up, at least one.
@@ -186,10 +241,10 @@ def test_a_rollout_is_cut_through_its_first_rejected_step():
     assert prefix_steps(failed, p, ReviseSettings(cut="fraction", cut_fraction=0.1)) == 1
     assert prefix_steps(failed, p, ReviseSettings(cut="fraction", cut_fraction=1.0)) == 3
     assert split_rollout(failed, ref, 3) == (failed, "", "<answer>7*3+4</answer>")
-    assert prefix_steps("   ", p, ReviseSettings()) == 0
+    assert prefix_steps("   ", p, through) == 0
     # A line before the trace (the verifier reads the last line): its words come first.
     facts = "7*3=21 3+4=7\n" + failed
-    assert prefix_steps(facts, p, ReviseSettings()) == 4
+    assert prefix_steps(facts, p, through) == 4
     assert split_rollout(facts, ref, 4)[0] == "7*3=21 3+4=7\n7*3=21 21+3=24 "
 
 
@@ -232,13 +287,13 @@ def test_the_answer_anchor_holds_only_the_answer_block():
 
 def test_unlikelihood_away_term_by_hand():
     lp = torch.log(torch.tensor([0.5, 0.25, 1e-3]))
-    got = away_term("unlikelihood")(lp)
+    got = AWAY_TERMS.get("unlikelihood")(lp)
     want = [-torch.log(torch.tensor(x)).item() for x in (0.5, 0.75, 0.999)]
     assert got.tolist() == pytest.approx(want, rel=1e-5)
     # Bounded: >= 0 everywhere, finite even where the failure is certain (log p = 0).
-    assert float(away_term("unlikelihood")(torch.tensor(0.0))) == pytest.approx(
+    assert float(AWAY_TERMS.get("unlikelihood")(torch.tensor(0.0))) == pytest.approx(
         -torch.log(torch.tensor(1e-7)).item(), rel=1e-3)
-    assert torch.equal(away_term("log")(lp), lp)
+    assert torch.equal(AWAY_TERMS.get("log")(lp), lp)
 
 
 @pytest.mark.parametrize("field, value", [("cut", "middle"), ("anchor", "tail"),
@@ -277,6 +332,17 @@ def test_a_model_without_a_usable_embedding_matrix_is_refused(ci_diffusion, ci_t
 
 # --- resampling at matched token passes ----------------------------------------------------------
 
+def test_break_even_passes_by_hand():
+    from gradient.commands.recovery_metrics import break_even_passes
+
+    # p = 0.5 per sample: two samples recover 75% of prompts; 10 passes a sample.
+    assert break_even_passes(0.75, 0.5, 10.0) == pytest.approx(20.0)
+    assert break_even_passes(0.5, 0.5, 10.0) == pytest.approx(10.0)
+    assert break_even_passes(0.0, 0.2, 10.0) == 0.0
+    assert break_even_passes(0.3, 0.0, 10.0) is None  # resampling never succeeds
+    assert break_even_passes(1.0, 0.5, 10.0) is None  # no finite n reaches certainty
+
+
 def test_resampling_gets_the_revisions_token_passes_and_none_without_a_revision():
     from types import SimpleNamespace as NS
 
@@ -303,10 +369,11 @@ def test_resampling_gets_the_revisions_token_passes_and_none_without_a_revision(
     outs = [[NS(token_ids=[0] * 6)] * 2] * 3  # a sample costs 4 + 6 = 10 token passes
     sampler = Sampler()
     # a: 0 passes (nothing to revise), b: 34 -> 3 samples, c: 4 -> rounds to none.
-    found, spent, _ = _resample(LatentReviseConfig(model="m"), Task(), problems, outs, [0, 1, 2],
-                                {0: 0, 1: 34, 2: 4}, Tokenizer(), sampler)
+    found, spent, tally, _ = _resample(LatentReviseConfig(model="m"), Task(), problems, outs,
+                                       [0, 1, 2], {0: 0, 1: 34, 2: 4}, Tokenizer(), sampler)
     assert sampler.calls == [(["bbbb"], 3)]
     assert spent == {0: 0, 1: 30, 2: 0}
+    assert tally == {"samples": 3, "correct": 1}
     assert found[0] is None and found[2] is None
     assert found[1]["completion"] == "bbbb2" and found[1]["source"] == "resample"
 
@@ -334,9 +401,25 @@ def test_recovery_files_agree_with_each_other_and_the_verifier(recovery, ci_test
     base = [json.loads(x) for x in (recovery / "base_rollouts.jsonl").open()]
     assert m["problems"] == 40 and m["zero_hit"] == len({a["problem_id"] for a in attempts})
     assert m["zero_hit"] > 5
-    hits = {a["problem_id"] for a in attempts if any(c["correct"] for c in a["continuations"])}
+    # The run's arm is the soft continuation, written with the rollout's original prefix.
+    assert m["latent_revise"]["continue_from"] == "soft"
+    hits = {a["problem_id"] for a in attempts
+            if any(c["correct"] for c in a["soft_continuations"])}
     assert {r["id"] for r in recovered} == hits
     assert m["latent_revise"]["recovered"] == len(hits)
+    for arm in ("soft", "hard"):
+        conts = [c for a in attempts for c in a[f"{arm}_continuations"]]
+        assert len(conts) == 4 * len(attempts) == m["latent_revise"]["arms"][arm][
+            "continuations"]
+        assert m["latent_revise"]["arms"][arm]["per_sample_rate"] == pytest.approx(
+            sum(c["correct"] for c in conts) / len(conts))
+        # A hard continuation is judged with the tokens it followed, a soft one with the
+        # original prefix (revise.train_prefix).
+        key = "correct_original" if arm == "soft" else "correct_hard"
+        assert all(c["correct"] == c[key] for c in conts)
+    hard_hits = {a["problem_id"] for a in attempts
+                 if any(c["correct"] for c in a["hard_continuations"])}
+    assert m["latent_revise"]["arms"]["hard"]["recovered"] == len(hard_hits)
     assert m["resample"]["recovered"] == len(resampled)
     assert len(base) == min(len(recovered), 40 - m["zero_hit"])
     assert not {r["id"] for r in base} & {a["problem_id"] for a in attempts}
@@ -351,8 +434,9 @@ def test_recovery_files_agree_with_each_other_and_the_verifier(recovery, ci_test
     assert all(s.correct for s in task.score_many([(by_id[r["id"]], r["completion"])
                                                    for r in rows]))
     task.close()
+    prefixes = {a["problem_id"]: a["prefix"] for a in attempts}
     for r in recovered:
-        assert r["completion"].startswith(r["prefix"])
+        assert r["completion"].startswith(r["prefix"]) and r["prefix"] == prefixes[r["id"]]
     # The verdict reads the answer alone; how many written traces also check step by step.
     from es_llm.tasks.countdown_roles import first_wrong_step
     checked = [first_wrong_step(r["numbers"], r["target"], r["completion"]) is None
@@ -363,10 +447,11 @@ def test_recovery_files_agree_with_each_other_and_the_verifier(recovery, ci_test
     assert m["latent_revise"]["hard_gold_logp_gain_mean"] == pytest.approx(
         sum(hard_gain) / len(hard_gain))
     assert all("hard_fail_logp" in a for a in attempts)
-    spent = sum(a["revision_passes"] + a["continuation_passes"] for a in attempts)
+    spent = sum(a["revision_passes"] + a["soft_passes"] for a in attempts)
     assert m["latent_revise"]["token_passes_mean"] == pytest.approx(spent / m["zero_hit"])
     report = (recovery / "report.md").read_text()
-    assert f"| LatentRevise | {len(hits)} |" in report
+    assert f"| LatentRevise, soft continuation (the run's) | {len(hits)} |" in report
+    assert f"| LatentRevise, hard continuation | {len(hard_hits)} |" in report
     assert f"| plain resampling | {len(resampled)} |" in report
 
 

@@ -5,6 +5,11 @@ delegated to ``model.generate`` so that sampling is driven by an explicit
 ``torch.Generator`` and so each generated token's logprob is the quantity vLLM reports in
 the same ``logprobs_mode`` (see ``sampled_logprobs``).
 
+A prompt may also be input embeddings rather than tokens (a continuation from a soft prefix,
+LatentRevise's): they replace the token embeddings in the prefill, and decoding goes on token
+by token as usual; at embeddings that are the prompt's own tokens' the greedy ids are those of
+the token prompt (tested on every stand-in architecture).
+
 The KV cache is ``runtime.kv_cache``: ``dynamic`` (grows by one position a step),
 ``static`` (preallocated for the call, ``StaticDecoding``) or ``compiled`` (static, with the
 decode step compiled by ``torch.compile``; CUDA graphs on a GPU). All three give the same
@@ -89,9 +94,10 @@ class DynamicDecoding:
     def __init__(self, model, mask_B_L: torch.Tensor):
         self.model, self.mask_B_L, self.cache = model, mask_B_L, None
 
-    def prefill(self, ids_B_L: torch.Tensor, pos_B_L: torch.Tensor) -> torch.Tensor:
-        """The prompts' forward pass; the next-token logits ``[B, V]``."""
-        out = self.model(input_ids=ids_B_L, attention_mask=self.mask_B_L, position_ids=pos_B_L,
+    def prefill(self, inputs: dict, pos_B_L: torch.Tensor) -> torch.Tensor:
+        """The prompts' forward pass (``inputs``: ``input_ids`` ``[B, L]`` or
+        ``inputs_embeds`` ``[B, L, D]``); the next-token logits ``[B, V]``."""
+        out = self.model(**inputs, attention_mask=self.mask_B_L, position_ids=pos_B_L,
                          use_cache=True)
         self.cache = out.past_key_values
         return out.logits[:, -1]
@@ -120,8 +126,8 @@ class StaticDecoding(DynamicDecoding):
         self.mask_B_L[:, :L] = mask_B_L
         self.cache, self.step_fn, self.filled = cache, step_fn, L
 
-    def prefill(self, ids_B_L: torch.Tensor, pos_B_L: torch.Tensor) -> torch.Tensor:
-        out = self.model(input_ids=ids_B_L, attention_mask=self.mask_B_L, position_ids=pos_B_L,
+    def prefill(self, inputs: dict, pos_B_L: torch.Tensor) -> torch.Tensor:
+        out = self.model(**inputs, attention_mask=self.mask_B_L, position_ids=pos_B_L,
                          past_key_values=self.cache, use_cache=True)
         return out.logits[:, -1]
 
@@ -170,12 +176,14 @@ class HFBackend:
         self._static: tuple[tuple[int, int], object] | None = None
         self._compiled_step = None
 
-    def generate(self, prompts: Sequence[str | Sequence[int]], params: SamplingParams,
-                 progress: bool = False, keys: Sequence[Hashable] | None = None
-                 ) -> list[list[Completion]]:
+    def generate(self, prompts: Sequence[str | Sequence[int] | torch.Tensor],
+                 params: SamplingParams, progress: bool = False,
+                 keys: Sequence[Hashable] | None = None) -> list[list[Completion]]:
         """``params.n`` completions per prompt, every row drawn from one generator seeded
         with ``params.seed`` (rows are independent draws, but a prompt's samples depend on
-        the rest of the call; ``keys`` are not used)."""
+        the rest of the call; ``keys`` are not used). Beyond the ``Backend`` protocol, a
+        prompt may be input embeddings ``[L, D]`` as the model's input embedding module
+        returns them (the embeddings prefill; ``_prefill_inputs``)."""
         jobs = [(p, s) for p in range(len(prompts)) for s in range(params.n)]
         results: list[list[Completion | None]] = [[None] * params.n for _ in prompts]
         generator = torch.Generator(device="cpu").manual_seed(params.seed)
@@ -190,24 +198,15 @@ class HFBackend:
         return results  # type: ignore[return-value]
 
     @torch.no_grad()
-    def _generate_batch(self, prompts: list[str], params: SamplingParams,
+    def _generate_batch(self, prompts: list, params: SamplingParams,
                         generator: torch.Generator) -> list[Completion]:
         tok = self.tokenizer
-        # A prompt is text (tokenized here) or already token ids (used as they are).
-        encoded = [tok(p).input_ids if isinstance(p, str) else list(p) for p in prompts]
-        B, L = len(encoded), max(len(e) for e in encoded)
-        pad_id = tok.pad_token_id
-        # Left padding keeps every row's next token at the same position of the batch.
-        ids_B_L = torch.full((B, L), pad_id, dtype=torch.long)
-        mask_B_L = torch.zeros((B, L), dtype=torch.long)
-        for i, e in enumerate(encoded):
-            ids_B_L[i, L - len(e):] = torch.tensor(e)
-            mask_B_L[i, L - len(e):] = 1
-        ids_B_L, mask_B_L = ids_B_L.to(self.device), mask_B_L.to(self.device)
+        inputs, mask_B_L = self._prefill_inputs(prompts)
+        B = len(mask_B_L)
         pos_B_L = (mask_B_L.cumsum(-1) - 1).clamp(min=0)
 
         decoding = self._decoding(mask_B_L, params.max_tokens)
-        logits_B_V = decoding.prefill(ids_B_L, pos_B_L)
+        logits_B_V = decoding.prefill(inputs, pos_B_L)
         next_pos_B = pos_B_L[:, -1] + 1
         # Per-row state lives in tensors: at thousands of rows (an ES population in one call)
         # a Python loop over rows at every token would cost more than the model.
@@ -245,6 +244,36 @@ class HFBackend:
                              lps_B_T[i, :n].tolist() if params.logprobs else None,
                              "stop" if stopped_B[i] else "length", params)
                 for i, n in enumerate(lengths)]
+
+    def _prefill_inputs(self, prompts: list) -> tuple[dict, torch.Tensor]:
+        """The model's prefill inputs and the attention mask ``[B, L]``, left-padded so that
+        every row's next token sits at the same position. A prompt is text (tokenized here),
+        token ids (used as they are) or input embeddings ``[L, D]`` (``torch.Tensor``: a
+        continuation from a soft prefix, which no token sequence spells); where any prompt of
+        the batch is embeddings, the others enter as their tokens' embeddings, which the
+        model turns into the same hidden states as their ids."""
+        tok = self.tokenizer
+        rows = [p if isinstance(p, torch.Tensor) else
+                tok(p).input_ids if isinstance(p, str) else list(p) for p in prompts]
+        B, L = len(rows), max(len(r) for r in rows)
+        mask_B_L = torch.zeros((B, L), dtype=torch.long)
+        for i, r in enumerate(rows):
+            mask_B_L[i, L - len(r):] = 1
+        mask_B_L = mask_B_L.to(self.device)
+        if not any(isinstance(r, torch.Tensor) for r in rows):
+            ids_B_L = torch.full((B, L), tok.pad_token_id, dtype=torch.long)
+            for i, r in enumerate(rows):
+                ids_B_L[i, L - len(r):] = torch.tensor(r)
+            return {"input_ids": ids_B_L.to(self.device)}, mask_B_L
+        embed = self.model.get_input_embeddings()
+        # Padding positions are masked out, so their (zero) embeddings are never read.
+        embeds_B_L_D = torch.zeros((B, L, embed.embedding_dim), dtype=embed.weight.dtype,
+                                   device=self.device)
+        for i, r in enumerate(rows):
+            if not isinstance(r, torch.Tensor):
+                r = embed(torch.tensor(r, device=self.device))
+            embeds_B_L_D[i, L - len(r):] = r.to(self.device, embed.weight.dtype)
+        return {"inputs_embeds": embeds_B_L_D}, mask_B_L
 
     def _decoding(self, mask_B_L: torch.Tensor, max_tokens: int) -> DynamicDecoding:
         """How this call decodes, by ``kv_cache``."""

@@ -172,6 +172,7 @@ class VLLMBackend:
             extra["hf_overrides"] = overrides
         extra.update(engine_args or {})
         self.worker_extension = worker_extension
+        self.prompt_embeds = bool(extra.get("enable_prompt_embeds"))
         # Chunked prefill off: with seeded sampling, vLLM's CPU path rewinds a per-request
         # generator after a partial prefill, which the CPU generator does not support.
         try:
@@ -191,12 +192,13 @@ class VLLMBackend:
         self._adapter_versions = 0
         self._adapter_dir = None
 
-    def generate(self, prompts: Sequence[str | Sequence[int]], params: SamplingParams,
-                 progress: bool = False, keys: Sequence[Hashable] | None = None
-                 ) -> list[list[Completion]]:
+    def generate(self, prompts: Sequence[str | Sequence[int] | torch.Tensor],
+                 params: SamplingParams, progress: bool = False,
+                 keys: Sequence[Hashable] | None = None) -> list[list[Completion]]:
         """``params.n`` completions per prompt. Each prompt gets a seed of its own from
         ``stream_seeds(params.seed, ..., keys)``; vLLM gives its i-th sample the stream
-        seed + i."""
+        seed + i. Beyond the ``Backend`` protocol, a prompt may be input embeddings
+        ``[L, D]`` (``_input``)."""
         from vllm import SamplingParams as VSP
 
         # The text is decoded here from the ids (below), so vLLM's own incremental
@@ -206,8 +208,7 @@ class VLLMBackend:
                           detokenize=bool(params.stop), seed=seed,
                           logprobs=1 if params.logprobs else None)
                       for seed in stream_seeds(params.seed, len(prompts), keys)]
-        # Token-id prompts go in as they are (no re-tokenization that could merge tokens).
-        inputs = [p if isinstance(p, str) else {"prompt_token_ids": list(p)} for p in prompts]
+        inputs = [self._input(p) for p in prompts]
         outputs = self.llm.generate(inputs, per_prompt, use_tqdm=progress,
                                     lora_request=self.lora_request)
         results = []
@@ -224,6 +225,23 @@ class VLLMBackend:
                                       else "stop"))
             results.append(row)
         return results
+
+    def _input(self, prompt):
+        """vLLM's form of one prompt: text, token ids (as they are: no re-tokenization that
+        could merge tokens) or input embeddings ``[L, D]`` (a soft prefix), which the engine
+        takes only when built with ``engine_args={"enable_prompt_embeds": True}``."""
+        import torch
+
+        if isinstance(prompt, str):
+            return prompt
+        if not isinstance(prompt, torch.Tensor):
+            return {"prompt_token_ids": list(prompt)}
+        if not self.prompt_embeds:
+            raise BadInput("a prompt given as input embeddings (a soft-prefix continuation) "
+                           "needs a vLLM engine built with prompt embeddings enabled "
+                           "(engine_args enable_prompt_embeds=True); this one was not, so use "
+                           "one that is, or backend=hf, whose prefill always takes them.")
+        return {"prompt_embeds": prompt.detach().cpu()}
 
     def push_weights(self, tensors: dict[str, torch.Tensor]) -> None:
         """Write HF-named tensors (e.g. ``dict(model.named_parameters())`` of the trainer's

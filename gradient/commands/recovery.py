@@ -1,28 +1,38 @@
 """``es-llm latent-revise``: find a model's zero-hit prompts, revise failed rollouts of each
-with LatentRevise (``gradient.maths.latent_revise``), and write the verified trajectories as a
-training data file, beside plain resampling at the same cost.
+with LatentRevise (``gradient.maths.latent_revise``), continue from the revised prefixes, and
+write the verified trajectories as a training data file, beside plain resampling at the same
+cost.
 
 1. **Search.** ``search.n`` (k) samples per training prompt; a prompt none of them
    solves is zero-hit.
 2. **Revise.** For each zero-hit prompt, its first ``revise.rollouts_per_prompt`` failed
    samples that have a step are cut into prefix, failed continuation and gold continuation
    (``split_rollout``: the registered cut ``revise.cut`` and anchor ``revise.anchor``; the
-   defaults are the reading built first, the source's are ``before_first_wrong`` and
-   ``answer``), revised by ``revise.steps`` Frank-Wolfe steps and hard-decoded;
-   ``revise.continuations`` continuations are sampled from prompt + hard prefix and judged by
-   the task's verifier on prefix + continuation. A prompt is recovered when one is correct.
-3. **Resample.** The same prompts get plain samples, as many as cost the same token passes
-   as the prompt's revision and continuations (forward tokens, backward at twice that; see
-   ``gradient.maths.latent_revise``); a prompt is recovered when one of them is correct.
+   defaults are the source's, ``before_first_wrong`` and ``answer``) and revised by
+   ``revise.steps`` Frank-Wolfe steps.
+3. **Continue**, in two arms from every revision (``ARMS``), ``revise.continuations``
+   samples each: ``soft``, from the revised soft prefix itself, prefilled as input
+   embeddings (the source's; vLLM's prompt embeddings or the transformers prefill), and
+   ``hard``, from its argmax tokens (the ablation). A hard
+   continuation is judged by the task's verifier as hard prefix + continuation; a soft one
+   has no prefix text, so it is judged with both the rollout's original prefix and the hard
+   prefix, and written with ``revise.train_prefix``'s. A prompt is recovered in an arm when
+   one of its continuations is accepted; ``revise.continue_from`` picks the arm whose
+   recoveries are the training data.
+4. **Resample.** The same prompts get plain samples, as many as cost the same token passes
+   as the prompt's revision and the chosen arm's continuations (forward tokens, backward at
+   twice that; see ``gradient.maths.latent_revise``); a prompt is recovered when one of them
+   is correct.
 
 Writes ``recovered.jsonl`` (one verified trajectory per recovered prompt: the problem's
 record plus ``completion``, a task data file and an SFT file at once), ``resampled.jsonl``
 (the resampling arm's first correct sample per prompt), ``base_rollouts.jsonl`` (as many
 correct search samples of other prompts as were recovered, one per prompt: the SFT control
-"the same number of base-model rollouts"), ``attempts.jsonl`` (every revision), and
-``metrics.json``, ``report.md`` and ``report.html``: recovery rates with 95% bootstrap
-intervals over the zero-hit prompts, their paired difference, token passes and seconds of
-each arm.
+"the same number of base-model rollouts"), ``attempts.jsonl`` (every revision and both arms'
+continuations), and ``metrics.json``, ``report.md`` and ``report.html``
+(``gradient.commands.recovery_metrics``: each arm's recovery with a 95% bootstrap interval
+over the zero-hit prompts, its per-sample rate, paired difference to resampling and
+break-even, token passes and seconds).
 
 A prompt whose failed samples have no step at all (an empty completion) cannot be cut and
 counts as not recovered by LatentRevise.
@@ -50,17 +60,17 @@ from es_llm.config import check_choices, choice, run_config_yaml
 from es_llm.errors import BadInput
 from es_llm.evaluate import SamplingConfig
 from es_llm.io import write_json_atomic, write_jsonl_atomic, write_text_atomic
-from es_llm.metrics.passk import bootstrap_ci
 from es_llm.models import check_model_path, resolve_training_data
-from es_llm.report import (Heading, Paragraph, Table, fixed, interval, pct, signed,
-                           write_report)
+from es_llm.report import write_report
 from es_llm.run_folder import check_out_path
 from es_llm.runtime import Runtime
 from es_llm.tasks import TaskConfig, build_task
 from es_llm.tasks.chat import render_prompts
 from es_llm.testbed.train import record
+from gradient.commands.recovery_metrics import arm_cost, recovery_metrics, report_blocks
 from gradient.loop.seeds import derive_seed
-from gradient.maths.latent_revise import RevisionProblem, away_names, away_term, revise
+from gradient.maths.latent_revise import (AWAY_TERMS, RevisionProblem, revise,
+                                          soft_embeddings)
 from populations.registry import Registry
 
 # A cut: (the rollout's step spans, its text, the problem, the settings) -> steps kept.
@@ -69,6 +79,11 @@ CUTS: Registry[Callable[[list, str, Any, "ReviseSettings"], int]] = Registry("re
 VERIFIER_CUTS = ("first_wrong", "before_first_wrong")
 # An anchor: (the reference solution, the prefix's step count) -> the gold continuation.
 ANCHORS: Registry[Callable[[str, int], str]] = Registry("revise anchor")
+# Where a revision's continuations start: (the attempt row, the prompt's ids, the prompt's
+# and the soft prefix's input embeddings (L, D)) -> the sampler's prompt.
+ARMS: Registry[Callable[[dict, list[int], torch.Tensor], Any]] = Registry("revise arm")
+# The prefix a soft continuation's trajectory is written with: the attempt row's field.
+TRAIN_PREFIXES = {"original": "prefix", "hard": "revised_prefix"}
 _SPAN_RE = re.compile(r"\S+")
 
 
@@ -85,23 +100,31 @@ class ReviseSettings:
     first_step: int = 8
     # Where the prefix ends: before_first_wrong (Countdown: the steps before the first one
     # the verifier rejects, at least one: the source's cut before the error), first_wrong
-    # (through that step, keeping the error for the revision to repair: the ablation, still
-    # the default so that recorded figures stay comparable) or fraction (the first
-    # ceil(cut_fraction x S) of the rollout's S steps, the answer counting as one).
-    cut: str = choice("first_wrong", lambda: CUTS.names())
+    # (through that step, keeping the error for the revision to repair: the ablation the
+    # first recorded figures used) or fraction (the first ceil(cut_fraction x S) of the
+    # rollout's S steps, the answer counting as one).
+    cut: str = choice("before_first_wrong", lambda: CUTS.names())
     # The share of the rollout's steps that revise.cut=fraction keeps.
     cut_fraction: float = 0.5
     # What the revision pulls toward: answer (the reference's answer block and EOS: the
     # source's gold-answer anchor) or spliced_tail (the reference's steps after the prefix's
     # step count, then its answer: teacher forcing toward the reference's own steps; the
-    # ablation, still the default so that recorded figures stay comparable).
-    anchor: str = choice("spliced_tail", lambda: ANCHORS.names())
+    # ablation the first recorded figures used).
+    anchor: str = choice("answer", lambda: ANCHORS.names())
     # The push away from the failed continuation, weighted by away_weight: log (+lambda log
     # p(fail), unbounded below; the default) or unlikelihood (-lambda log(1 - p(fail)) of
     # the whole continuation: >= 0, zero once the failure is impossible).
-    away: str = choice("log", away_names)
+    away: str = choice("log", lambda: AWAY_TERMS.names())
+    # Which arm's recoveries are the run's training data and its headline: soft (sampled
+    # after the revised soft prefix itself, prefilled as input embeddings: the source's) or
+    # hard (after its argmax tokens: the ablation). Both arms run from every revision.
+    continue_from: str = choice("soft", lambda: ARMS.names())
+    # The text a soft continuation's trajectory is written and verified with, since the soft
+    # prefix has none: original (the rollout's own prefix, which the cut keeps) or hard (the
+    # argmax tokens of the revised prefix). Both verdicts are written.
+    train_prefix: str = choice("original", lambda: sorted(TRAIN_PREFIXES))
     # Failed rollouts revised per zero-hit prompt, and continuations sampled from each
-    # revised prefix.
+    # revised prefix in each arm.
     rollouts_per_prompt: int = 1
     continuations: int = 4
 
@@ -267,8 +290,11 @@ def _check(cfg: LatentReviseConfig):
 
 
 def _sampler(cfg: LatentReviseConfig, model, tokenizer):
+    """The run's sampler; a vLLM engine is built to take prompt embeddings (the soft arm's
+    prefill), which transformers always takes."""
     return make_backend(BackendSpec(cfg.model, backend=cfg.backend, runtime=cfg.runtime,
-                                    seed=cfg.search.seed, model=model, tokenizer=tokenizer))
+                                    seed=cfg.search.seed, model=model, tokenizer=tokenizer,
+                                    engine_args={"enable_prompt_embeds": True}))
 
 
 def _allowed(tokenizer, vocab: int, device) -> torch.Tensor:
@@ -286,13 +312,6 @@ def _params(search: SamplingConfig, n: int, stream: str) -> SamplingParams:
 
 def _ids(tokenizer, text: str) -> list[int]:
     return tokenizer(text, add_special_tokens=False).input_ids
-
-
-def _rate(hits: list[bool], rng, resamples: int) -> dict:
-    if not hits:
-        return {"value": None, "ci95": None}
-    lo, hi = bootstrap_ci(np.asarray(hits, dtype=float), rng, resamples)
-    return {"value": float(np.mean(hits)), "ci95": [lo, hi]}
 
 
 def latent_revise(cfg: LatentReviseConfig, out: str | Path, progress: bool = True, echo=print,
@@ -314,19 +333,25 @@ def latent_revise(cfg: LatentReviseConfig, out: str | Path, progress: bool = Tru
             correct = np.array([sc.correct for sc in scores]).reshape(len(problems), s.n)
             zero = [i for i in range(len(problems)) if not correct[i].any()]
             echo(f"{len(zero)} of {len(problems)} prompts are zero-hit in {s.n} samples")
-            search_s = time.perf_counter() - t0
-            attempts, lr_cost, lr_s = _revise_all(cfg, task, problems, outs, zero, model,
-                                                  tokenizer, sampler, progress)
-            resampled, rs_cost, rs_s = _resample(cfg, task, problems, outs, zero, lr_cost,
-                                                 tokenizer, sampler)
+            seconds = {"search_s": time.perf_counter() - t0}
+            attempts, soft, revise_cost, seconds["revision_s"] = _revise_all(
+                cfg, task, problems, outs, zero, model, tokenizer, progress)
+            for arm in ARMS.names():
+                seconds[f"{arm}_s"] = _continue(cfg, task, problems, attempts, soft, sampler,
+                                                arm)
+            # Resampling gets the token passes of the revision and the chosen arm.
+            budget = arm_cost(attempts, revise_cost, cfg.revise.continue_from)
+            resampled, rs_cost, rs_tally, seconds["resample_s"] = _resample(
+                cfg, task, problems, outs, zero, budget, tokenizer, sampler)
     finally:
         sampler.close()
         task.close()
-    recovered = _recovered_rows(problems, zero, attempts)
+    for a in attempts:
+        del a["prompt_ids"]
+    recovered = _recovered_rows(problems, attempts, cfg.revise.continue_from)
     base = _base_rollouts(cfg, problems, outs, correct, zero, len(recovered))
-    metrics = _metrics(cfg, problems, zero, attempts, recovered, resampled, lr_cost, rs_cost,
-                       {"search_s": search_s, "latent_revise_s": lr_s, "resample_s": rs_s},
-                       len(base))
+    metrics = recovery_metrics(cfg, ARMS.names(), problems, zero, attempts, recovered, resampled,
+                               revise_cost, rs_cost, rs_tally, seconds, len(base))
     out.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out / "config.yaml", run_config_yaml(cfg))
     write_jsonl_atomic(out / "attempts.jsonl", attempts)
@@ -334,21 +359,21 @@ def latent_revise(cfg: LatentReviseConfig, out: str | Path, progress: bool = Tru
     write_jsonl_atomic(out / "resampled.jsonl", [row for row in resampled.values() if row])
     write_jsonl_atomic(out / "base_rollouts.jsonl", base)
     write_json_atomic(out / "metrics.json", metrics)
-    text = write_report(out, _report(metrics))
+    text = write_report(out, report_blocks(metrics))
     if on_folder is not None:
         on_folder(out)
     echo(text.rstrip())
     return metrics
 
 
-def _revise_all(cfg, task, problems, outs, zero, model, tokenizer, sampler, progress):
-    """Every revision and its continuations: the attempt rows, each zero-hit prompt's token
-    passes, and the seconds."""
-    r, s = cfg.revise, cfg.search
+def _revise_all(cfg, task, problems, outs, zero, model, tokenizer, progress):
+    """Every revision: the attempt rows, each one's prompt and soft prefix as input
+    embeddings ``(L, D)``, each zero-hit prompt's revision token passes, and the seconds."""
+    r = cfg.revise
     t0 = time.perf_counter()
-    allowed = _allowed(tokenizer, model.get_input_embeddings().weight.shape[0],
-                       cfg.runtime.device)
-    attempts, cost = [], {i: 0 for i in zero}
+    embed = model.get_input_embeddings()
+    allowed = _allowed(tokenizer, embed.weight.shape[0], cfg.runtime.device)
+    attempts, soft, cost = [], [], {i: 0 for i in zero}
     for i in tqdm(zero, desc="revise", unit="prompt", disable=not progress):
         p = problems[i]
         prompt_ids = list(tokenizer(p.prompt).input_ids)
@@ -361,38 +386,73 @@ def _revise_all(cfg, task, problems, outs, zero, model, tokenizer, sampler, prog
             rp = RevisionProblem(prompt_ids, _ids(tokenizer, prefix), _ids(tokenizer, gold) + eos,
                                  _ids(tokenizer, fail) + eos)
             rev = revise(model, rp, r.steps, r.away_weight, r.first_step, allowed,
-                         away_term(r.away))
+                         AWAY_TERMS.get(r.away))
+            with torch.no_grad():
+                soft.append(torch.cat([embed(torch.tensor(prompt_ids, device=embed.weight.device)),
+                                       soft_embeddings(model, rev.weights_T_V)]))
             cost[i] += rev.token_passes
             attempts.append({"problem_id": p.id, "index": i, "rollout": j, "failed": text,
                              "prefix_steps": steps, "prefix": prefix,
                              "revised_prefix": tokenizer.decode(rev.prefix_ids),
-                             "revised_ids": rev.prefix_ids,
-                             "changed_tokens": sum(a != b for a, b in zip(rp.prefix_ids,
-                                                                         rev.prefix_ids)),
+                             "revised_ids": rev.prefix_ids, "prompt_ids": prompt_ids,
+                             "changed_tokens": sum(a != b for a, b in
+                                                   zip(rp.prefix_ids, rev.prefix_ids)),
                              "prefix_tokens": len(rp.prefix_ids), "loss": rev.losses,
                              "gold_logp": rev.gold_logp, "fail_logp": rev.fail_logp,
                              "hard_gold_logp": rev.hard_gold_logp,
                              "hard_fail_logp": rev.hard_fail_logp,
                              "revision_passes": rev.token_passes})
-    params = _params(s, r.continuations, "continue")
-    prompts = [list(tokenizer(problems[a["index"]].prompt).input_ids) + a["revised_ids"]
-               for a in attempts]
-    conts = sampler.generate(prompts, params, keys=[f"{a['problem_id']}:{a['rollout']}"
-                                                    for a in attempts]) if attempts else []
-    pairs = [(problems[a["index"]], a["revised_prefix"] + c.text)
-             for a, row in zip(attempts, conts) for c in row]
+    return attempts, soft, cost, time.perf_counter() - t0
+
+
+@ARMS.register("soft")
+def _from_soft_prefix(attempt: dict, prompt_ids: list[int], soft_L_D: torch.Tensor):
+    """The prompt's and the revised soft prefix's embeddings: the source's continuation."""
+    return soft_L_D
+
+
+@ARMS.register("hard")
+def _from_hard_prefix(attempt: dict, prompt_ids: list[int], soft_L_D: torch.Tensor):
+    """The prompt's and the hard-decoded prefix's token ids: the ablation."""
+    return prompt_ids + attempt["revised_ids"]
+
+
+def _continue(cfg, task, problems, attempts, soft, sampler, arm: str) -> float:
+    """``revise.continuations`` samples after every revision in ``arm``, written into each
+    attempt row as ``<arm>_continuations`` with the verdict on every prefix text the arm
+    can write its trajectory with (``correct_<text>``; ``correct``: the one it does write)
+    and as ``<arm>_passes`` (prompt and prefix plus continuation, per sample); the
+    seconds."""
+    t0 = time.perf_counter()
+    r = cfg.revise
+    texts = sorted(TRAIN_PREFIXES)
+    # A hard continuation was sampled after the argmax tokens, so its trajectory is written
+    # with them; a soft one's prefix has no text and the setting picks one.
+    written = {"soft": r.train_prefix, "hard": "hard"}[arm]
+    params = _params(cfg.search, r.continuations, f"continue-{arm}")
+    prompts = [ARMS.get(arm)(a, a["prompt_ids"], e) for a, e in zip(attempts, soft)]
+    rows = sampler.generate(prompts, params, keys=[f"{a['problem_id']}:{a['rollout']}"
+                                                   for a in attempts]) if attempts else []
+    pairs = [(problems[a["index"]], a[TRAIN_PREFIXES[t]] + c.text)
+             for a, row in zip(attempts, rows) for c in row for t in texts]
     verdicts = iter(task.score_many(pairs)) if pairs else iter(())
-    for a, ids, row in zip(attempts, prompts, conts):
-        a["continuations"] = [{"text": c.text, "correct": next(verdicts).correct,
-                               "tokens": len(c.token_ids)} for c in row]
-        a["continuation_passes"] = sum(len(ids) + len(c.token_ids) for c in row)
-        cost[a["index"]] += a["continuation_passes"]
-    return attempts, cost, time.perf_counter() - t0
+    context = [len(a["prompt_ids"]) + len(a["revised_ids"]) for a in attempts]
+    for a, n, row in zip(attempts, context, rows):
+        conts = []
+        for c in row:
+            ok = {f"correct_{t}": next(verdicts).correct for t in texts}
+            conts.append({"text": c.text, "tokens": len(c.token_ids), **ok,
+                          "written": written,
+                          "correct": ok[f"correct_{written}"]})
+        a[f"{arm}_continuations"] = conts
+        a[f"{arm}_passes"] = sum(n + len(c.token_ids) for c in row)
+    return time.perf_counter() - t0
 
 
 def _resample(cfg, task, problems, outs, zero, budget, tokenizer, sampler):
     """Plain samples of each zero-hit prompt at its revision's token passes: the first correct
-    one per prompt (None if none), each prompt's passes spent, and the seconds. The sample
+    one per prompt (None if none), each prompt's passes spent, the samples drawn and how many
+    of them the verifier accepted, and the seconds. The sample
     count is the budget over a sample's passes, rounded to the nearest, so a prompt whose
     revision cost under half a sample (none of its rollouts had a step to cut) gets none."""
     t0 = time.perf_counter()
@@ -404,6 +464,7 @@ def _resample(cfg, task, problems, outs, zero, budget, tokenizer, sampler):
     draws.pop(0, None)
     found: dict[int, dict | None] = {i: None for i in zero}
     spent = {i: 0 for i in zero}
+    tally = {"samples": 0, "correct": 0}
     for n, idx in sorted(draws.items()):
         params = _params(cfg.search, n, "resample")
         rows = sampler.generate([problems[i].prompt for i in idx], params,
@@ -414,22 +475,27 @@ def _resample(cfg, task, problems, outs, zero, budget, tokenizer, sampler):
             plen = len(tokenizer(problems[i].prompt).input_ids)
             for c in row:
                 spent[i] += plen + len(c.token_ids)
-                if next(verdicts).correct and found[i] is None:
+                ok = next(verdicts).correct
+                tally["samples"] += 1
+                tally["correct"] += ok
+                if ok and found[i] is None:
                     found[i] = {**record(problems[i]), "completion": c.text,
                                 "source": "resample"}
-    return found, spent, time.perf_counter() - t0
+    return found, spent, tally, time.perf_counter() - t0
 
 
-def _recovered_rows(problems, zero, attempts) -> list[dict]:
-    """One verified trajectory (hard prefix + continuation) per recovered prompt."""
+def _recovered_rows(problems, attempts, arm: str) -> list[dict]:
+    """One verified trajectory per prompt ``arm`` recovered: the prefix its continuation is
+    written with (the hard prefix, or for a soft continuation ``revise.train_prefix``'s)
+    plus the continuation, which the verifier accepted as that text."""
     rows, done = [], set()
     for a in attempts:
-        for c in a["continuations"]:
+        for c in a[f"{arm}_continuations"]:
             if c["correct"] and a["index"] not in done:
                 done.add(a["index"])
-                rows.append({**record(problems[a["index"]]),
-                             "completion": a["revised_prefix"] + c["text"],
-                             "source": "latent_revise", "prefix": a["revised_prefix"]})
+                prefix = a[TRAIN_PREFIXES[c["written"]]]
+                rows.append({**record(problems[a["index"]]), "completion": prefix + c["text"],
+                             "source": f"latent_revise_{arm}", "prefix": prefix})
     return rows
 
 
@@ -444,89 +510,3 @@ def _base_rollouts(cfg, problems, outs, correct, zero, count: int) -> list[dict]
         k = rng.choice(np.flatnonzero(correct[i]).tolist())
         rows.append({**record(problems[i]), "completion": outs[i][k].text, "source": "base"})
     return rows
-
-
-def _metrics(cfg, problems, zero, attempts, recovered, resampled, lr_cost, rs_cost, seconds,
-             base_count) -> dict:
-    rng = np.random.default_rng(cfg.search.seed)
-    ids = {problems[i].id for i in zero}
-    got_lr = {row["id"] for row in recovered}
-    lr_hits = [problems[i].id in got_lr for i in zero]
-    rs_hits = [resampled[i] is not None for i in zero]
-    diff = [float(a) - float(b) for a, b in zip(lr_hits, rs_hits)]
-    lo_hi = list(bootstrap_ci(np.array(diff), rng, cfg.bootstrap)) if diff else None
-    # The gains from the rollout's own prefix (the first measurement) to the soft prefix
-    # the revision ends at, and to its hard decoding, which the continuations read.
-    gain = [a["gold_logp"][-1] - a["gold_logp"][0] for a in attempts]
-    drop = [a["fail_logp"][0] - a["fail_logp"][-1] for a in attempts]
-    hard_gain = [a["hard_gold_logp"] - a["gold_logp"][0] for a in attempts]
-    hard_drop = [a["fail_logp"][0] - a["hard_fail_logp"] for a in attempts]
-    changed = sum(a["changed_tokens"] for a in attempts) / max(1, sum(a["prefix_tokens"]
-                                                                      for a in attempts))
-    return {
-        "problems": len(problems), "zero_hit": len(ids),
-        "zero_hit_share": len(ids) / max(1, len(problems)), "search_samples": cfg.search.n,
-        "latent_revise": {
-            "revisions": len(attempts), "recovered": sum(lr_hits),
-            "recovery_rate": _rate(lr_hits, rng, cfg.bootstrap),
-            "token_passes_mean": float(np.mean(list(lr_cost.values()))) if zero else 0.0,
-            "revision_passes_mean": (float(np.mean([a["revision_passes"] for a in attempts]))
-                                     if attempts else 0.0),
-            "gold_logp_gain_mean": _mean(gain), "fail_logp_drop_mean": _mean(drop),
-            "hard_gold_logp_gain_mean": _mean(hard_gain),
-            "hard_fail_logp_drop_mean": _mean(hard_drop),
-            "changed_token_share": changed, "seconds": round(seconds["latent_revise_s"], 2),
-            "checked_steps_share": _checked_steps(recovered)},
-        "resample": {
-            "recovered": sum(rs_hits), "recovery_rate": _rate(rs_hits, rng, cfg.bootstrap),
-            "checked_steps_share": _checked_steps([r for r in resampled.values() if r]),
-            "token_passes_mean": float(np.mean(list(rs_cost.values()))) if zero else 0.0,
-            "seconds": round(seconds["resample_s"], 2)},
-        "difference": {"value": float(np.mean(diff)) if diff else None, "ci95": lo_hi},
-        "base_rollouts": base_count, "search_s": round(seconds["search_s"], 2),
-    }
-
-
-def _mean(values: list[float]) -> float | None:
-    return float(np.mean(values)) if values else None
-
-
-def _checked_steps(rows: list[dict]) -> float | None:
-    """The share of Countdown trajectories whose every written step checks (the verifier's
-    answer can be right after a garbled trace); None for other tasks or no rows."""
-    from es_llm.tasks.countdown_roles import first_wrong_step
-
-    rows = [r for r in rows if "numbers" in r and "target" in r]
-    if not rows:
-        return None
-    return float(np.mean([first_wrong_step(r["numbers"], r["target"], r["completion"]) is None
-                          for r in rows]))
-
-
-def _report(m: dict) -> list:
-    """report.md's blocks: each arm's recovery with its interval, the paired difference, what
-    the revisions changed and how many written traces check step by step."""
-    lr, rs, d = m["latent_revise"], m["resample"], m["difference"]
-    rate = lambda r: interval(r["value"], r["ci95"], pct)  # noqa: E731
-    diff = "-" if d["value"] is None else (
-        interval(d["value"], d["ci95"], lambda x: signed(x, 1, 100)) + " pts")
-    return [
-        Heading(1, "LatentRevise: recovery of zero-hit prompts"),
-        Paragraph(f"{m['zero_hit']} of {m['problems']} prompts are zero-hit in "
-                  f"{m['search_samples']} samples ({pct(m['zero_hit_share'])})."),
-        Table(["arm", "recovered", "rate [95% CI]", "token passes per prompt", "seconds"],
-              [["LatentRevise", str(lr["recovered"]), rate(lr["recovery_rate"]),
-                f"{lr['token_passes_mean']:.0f}", f"{lr['seconds']:.1f}"],
-               ["plain resampling", str(rs["recovered"]), rate(rs["recovery_rate"]),
-                f"{rs['token_passes_mean']:.0f}", f"{rs['seconds']:.1f}"]]),
-        Paragraph(f"LatentRevise minus resampling: {diff} (paired over zero-hit prompts)."),
-        Paragraph(f"Revisions: {lr['revisions']}; the gold continuation's log-likelihood rose "
-                  f"by {fixed(lr['gold_logp_gain_mean'], 2)} nats and the failed one's fell by "
-                  f"{fixed(lr['fail_logp_drop_mean'], 2)} nats on average after the soft "
-                  f"prefix; after its hard decoding, which the continuations read, they moved "
-                  f"by {fixed(lr['hard_gold_logp_gain_mean'], 2)} and "
-                  f"{fixed(lr['hard_fail_logp_drop_mean'], 2)} nats; "
-                  f"{pct(lr['changed_token_share'])} of prefix tokens changed."),
-        Paragraph(f"Written trajectories whose every step checks (the answer alone decides the "
-                  f"verdict): LatentRevise {pct(lr['checked_steps_share'])}, resampling "
-                  f"{pct(rs['checked_steps_share'])}.")]

@@ -19,9 +19,9 @@ steps per failed rollout. The reading here:
   continuation's (what the rollout wrote after the prefix), ``lambda >= 0``. The first term
   pulls toward the gold answer, the second pushes away from the failure. What the gold
   continuation is (the anchor) is the caller's: the source anchors on the gold answer
-  (``gradient.commands.recovery``, ``revise.anchor=answer``); the reading built first, still
-  the default, splices the reference's remaining steps and answer. The away term is
-  registered: ``log`` (``log p(fail)`` itself, unbounded below; the default) or
+  (``gradient.commands.recovery``, ``revise.anchor=answer``, the default); the reading built
+  first (``spliced_tail``, an ablation) splices the reference's remaining steps and answer.
+  The away term is registered: ``log`` (``log p(fail)``, unbounded below; the default) or
   ``unlikelihood`` (``-log(1 - p(fail))``, bounded below by 0).
 * **Frank-Wolfe.** The linear minimiser of ``<grad_t, s>`` over the simplex is the vertex of
   the smallest gradient entry; ``w_t <- (1 - gamma_k) w_t + gamma_k onehot(argmin_v
@@ -30,12 +30,16 @@ steps per failed rollout. The reading here:
   all the way to a vertex); a larger one keeps more of the rollout. The vertices are the
   ordinary tokens: special tokens (padding, BOS, EOS, mask, unknown) are never chosen, so a
   decoded prefix never ends early. Iterates stay on the simplex by construction (tested).
-* **Back to tokens.** The argmax of each position's weights (ties: the lower id): a hard
-  prefix the model can be sampled from and trained on. Continuations are sampled from the
-  prompt plus that hard prefix and judged by the task's verifier on prefix plus
-  continuation. Departure: the source continues from the revised (soft) prefix itself; that
-  path is not built yet. Because the loss's log-likelihoods are those after the soft prefix,
-  which the continuations never see, ``revise`` also measures both after the hard prefix.
+* **Continuing.** As the source does, continuations start from the revised soft prefix
+  itself: the prompt's embeddings followed by ``soft_embeddings`` of the final weights fill
+  the KV cache, and decoding goes on token by token (``gradient.commands.recovery``, arm
+  ``soft``). A soft prefix has no text, so a trajectory built from it is written with a
+  token prefix (the rollout's own, or the argmax one below) and judged by the verifier as
+  that text; whether it still passes is measured, not assumed.
+* **Back to tokens** (the ablation arm ``hard``): the argmax of each position's weights
+  (ties: the lower id), a prefix the model can be sampled from and trained on as it is.
+  ``revise`` measures both log-likelihoods after this hard prefix as well as after the
+  soft one, because the loss's figures are those of the soft prefix.
 
 ``revise`` counts its cost in token passes: a forward pass over a sequence of n tokens costs
 n, a backward pass 2n (the usual estimate of a backward pass at twice a forward). One step
@@ -55,7 +59,7 @@ import torch
 from populations.registry import Registry
 
 # An away term: log p(fail) (a 0-d tensor) -> the quantity the loss adds lambda times.
-_AWAY: Registry[Callable[[torch.Tensor], torch.Tensor]] = Registry("away term")
+AWAY_TERMS: Registry[Callable[[torch.Tensor], torch.Tensor]] = Registry("away term")
 
 # Token passes of a backward pass, per token, against 1 for a forward pass.
 BACKWARD_COST = 2
@@ -86,13 +90,13 @@ def hard_decode(weights_T_V: torch.Tensor) -> list[int]:
     return weights_T_V.argmax(dim=-1).tolist()
 
 
-@_AWAY.register("log")
+@AWAY_TERMS.register("log")
 def log_away(fail_logp: torch.Tensor) -> torch.Tensor:
     """``log p(fail)`` itself: lowering it has no floor (the reading built first)."""
     return fail_logp
 
 
-@_AWAY.register("unlikelihood")
+@AWAY_TERMS.register("unlikelihood")
 def unlikelihood_away(fail_logp: torch.Tensor) -> torch.Tensor:
     """``-log(1 - p(fail))`` of the whole failed continuation: >= 0, and 0 once the failure
     is impossible, so the push away is bounded. Departure from Welleck et al. (2019), who
@@ -100,16 +104,6 @@ def unlikelihood_away(fail_logp: torch.Tensor) -> torch.Tensor:
     its gradient vanish once the failure is already improbable."""
     # A certain failure (log p = 0) would make the loss infinite; the clamp caps it near 16.
     return -torch.log(-torch.expm1(fail_logp.clamp(max=-1e-7)))
-
-
-def away_names() -> list[str]:
-    """The registered away terms, sorted."""
-    return _AWAY.names()
-
-
-def away_term(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The away term ``name``; ValueError naming the valid ones if unknown."""
-    return _AWAY.get(name)
 
 
 def continuation_logp(model, context_1_S_D: torch.Tensor, target_ids: list[int]) -> torch.Tensor:
@@ -123,6 +117,18 @@ def continuation_logp(model, context_1_S_D: torch.Tensor, target_ids: list[int])
     S, T = context_1_S_D.shape[1], len(target_ids)
     logits_T_V = model(inputs_embeds=inputs_1_L_D).logits[0, S - 1:S - 1 + T].float()
     return torch.log_softmax(logits_T_V, -1).gather(-1, target_1_T[0, :, None]).sum()
+
+
+def soft_embeddings(model, weights_T_V: torch.Tensor) -> torch.Tensor:
+    """The input embeddings ``(T, D)`` of a soft prefix: ``weights_T_V @ E``, times the
+    scale an embedding module applies to its rows where it has one (Gemma's sqrt(hidden)),
+    so that a one-hot row gives exactly what the module returns for its token (tested on
+    every stand-in architecture)."""
+    embed = model.get_input_embeddings()
+    E_V_D = embed.weight
+    soft_T_D = weights_T_V.to(E_V_D.dtype) @ E_V_D
+    scale = getattr(embed, "embed_scale", None)
+    return soft_T_D if scale is None else soft_T_D * scale.to(E_V_D.dtype)
 
 
 @dataclass(frozen=True)
@@ -160,8 +166,7 @@ def revise_loss(model, prompt_1_P_D: torch.Tensor, weights_T_V: torch.Tensor,
     """``(L, log p(gold), log p(fail))`` with ``L = -log p(gold) + lam away(log p(fail))``,
     both given the prompt's embeddings and the soft prefix ``weights_T_V @ E``; with ``lam``
     0 the failed continuation is not read and its log-likelihood is returned as 0."""
-    E_V_D = model.get_input_embeddings().weight
-    soft_1_T_D = (weights_T_V.to(E_V_D.dtype) @ E_V_D)[None]
+    soft_1_T_D = soft_embeddings(model, weights_T_V)[None]
     context_1_S_D = torch.cat([prompt_1_P_D, soft_1_T_D], dim=1)
     gold = continuation_logp(model, context_1_S_D, gold_ids)
     fail = continuation_logp(model, context_1_S_D, fail_ids) if lam else gold.detach() * 0.0
