@@ -520,7 +520,8 @@ def test_the_sweep_and_its_per_tier_table_end_to_end(ci_testbed, tmp_path):
     for w in (8, 16):
         info = json.loads((out / "windows" / f"w{w}" / "testbed.json").read_text())
         assert info["swa"]["window"] == w
-        assert (out / "runs" / f"grpo_swa_w{w}-seed0" / "checkpoints" / "final").is_dir()
+        for seed in (0, 1, 2):
+            assert (out / "runs" / f"grpo_swa_w{w}-seed{seed}" / "checkpoints" / "final").is_dir()
     assert "swa" not in json.loads((out / "testbed" / "testbed.json").read_text())
     comp = json.loads((out / "compare" / "comparison.json").read_text())
     assert set(comp["methods"]) == {"base", "swa_sft_w8", "swa_sft_w16", "grpo_full",
