@@ -477,6 +477,32 @@ def test_a_window_sweep_runs_every_arm_of_the_conversion_once_per_window(tmp_pat
         assert (run.rollout.max_tokens if method.startswith("grpo") else run.max_tokens) == 128
 
 
+def test_runs_are_not_relabelled_by_a_window_build_with_other_settings(tmp_path):
+    """A window's build holding a conversion made with other settings (here another SFT
+    length) would be rebuilt under the runs trained from it: refused; the same build is
+    kept."""
+    experiment = _experiment_module()
+    from es_llm.config import load_config
+    from es_llm.errors import BadInput
+    from es_llm.testbed.config import load_testbed_config
+
+    cfg = load_config(ExperimentConfig, path=SWARR)
+    out = tmp_path / "swarr"
+    (out / "runs" / "grpo_swa_w16-seed0").mkdir(parents=True)
+    builds = experiment.testbed_builds(cfg)
+    for overrides in (builds[16], [*builds[16], "swa.train.steps=7"]):
+        tb = load_testbed_config(cfg.testbed, None, overrides)
+        folder = experiment.window_folder(out, 16)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "testbed.json").write_text(json.dumps({
+            "size": cfg.testbed, "fingerprint": tb.fingerprint(), "swa": {"key": tb.swa_key()}}))
+        if overrides is builds[16]:
+            experiment.check_kept_outputs(cfg, out, experiment.plan(cfg))
+    with pytest.raises(BadInput, match="trained from a testbed that this experiment would "
+                                       "rebuild"):
+        experiment.check_kept_outputs(cfg, out, experiment.plan(cfg))
+
+
 @pytest.mark.parametrize("setting, message", [
     ("swarr.windows=[]", "swarr.windows is an empty sweep"),
     ("swarr.windows=[0,16]", "swarr.windows must be distinct positive numbers of tokens"),

@@ -239,7 +239,8 @@ class CompareConfig:
     # A conversion study's table (es_llm/compare/conversion.py, SWARR's sliding window): per
     # arm, by its label, pass@1 per tier of its four models, the share of the conversion's
     # loss that RL recovers and RL under the conversion minus RL on the unconverted model,
-    # each with a paired CI over problems; empty = off.
+    # each with a paired CI over problems; empty = off. An arm's keys: full (default base),
+    # converted, rl, rl_full, e.g. conversion.w16.converted=swa_sft conversion.w16.rl=grpo_swa.
     conversion: dict[str, ConversionArm] = field(default_factory=dict)
 
     def __post_init__(self):
