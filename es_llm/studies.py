@@ -63,6 +63,44 @@ class RecoverStage:
     overrides: tuple[str, ...] = ()
 
 
+def in_conversion(folder: str) -> bool:
+    """A folder inside the testbed that is the sliding-window conversion (swa/) or in it."""
+    return folder == "swa" or folder.startswith("swa/")
+
+
+@dataclass(frozen=True)
+class WindowStudy:
+    # SWARR's window sweep: one sliding-window conversion of the testbed's student per
+    # window (a testbed build with swa.enabled=true swa.window=W in OUT/windows/w<W>, W keys
+    # per query, at most the model's context); every method and reference whose model is
+    # the conversion (swa, or a folder inside it) runs once per window, named <name>_w<W>.
+    # null = no sweep: the one conversion testbed_overrides configure.
+    windows: tuple[int, ...] | None = None
+    # The study's table in the comparison (its conversion section, pass@1 per tier against
+    # the base): the reference that is the converted model after SFT, and for each method
+    # trained under the window the method trained alike with full attention ("" = none);
+    # with a sweep, one arm per window and method. converted "" = no table.
+    converted: str = ""
+    rl: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.windows is None:
+            return
+        if not self.windows:
+            raise BadInput("swarr.windows is an empty sweep; give the windows to convert to, "
+                           "e.g. swarr.windows=[16, 32, 64], or null for the one conversion "
+                           "testbed_overrides configure.")
+        bad = [w for w in self.windows if w < 1]
+        repeated = sorted({w for w in self.windows if self.windows.count(w) > 1})
+        if bad or repeated:
+            raise BadInput(f"swarr.windows must be distinct positive numbers of tokens (keys "
+                           f"per query), got {list(self.windows)}.")
+
+    def arm_names(self, name: str) -> list[str]:
+        """The names a method or reference living in the conversion gets: one per window."""
+        return [name] if self.windows is None else [f"{name}_w{w}" for w in self.windows]
+
+
 def _default_methods() -> dict[str, Method]:
     return {"es": Method("es", "configs/es_countdown.yaml"),
             "grpo": Method("grpo", "configs/grpo_countdown.yaml")}
@@ -123,10 +161,13 @@ class ExperimentConfig:
     # are filled in here.
     budget_study: bool = False
     budget: BudgetConfig = field(default_factory=BudgetConfig)
+    # SWARR: the window sweep and the study's table.
+    swarr: WindowStudy = field(default_factory=WindowStudy)
 
     def __post_init__(self):
         check_choices(self)
         self._check_numbers()
+        self._check_swarr()
         if not self.methods:
             raise BadInput("methods is empty; name at least one, e.g. methods: {es: {kind: es, "
                            "config: configs/es_countdown.yaml}}.")
@@ -148,6 +189,46 @@ class ExperimentConfig:
             if missing:
                 raise BadInput(f"methods.{name}.extend_seeds {missing} are not training seeds "
                                f"(seeds: {list(self.seeds)}).")
+
+    def _check_swarr(self) -> None:
+        """BadInput for a sweep with nothing to sweep, or a table naming what is not there."""
+        w = self.swarr
+        converted = {n for n, m in self.methods.items() if in_conversion(m.model)} | {
+            n for n, folder in self.references.items() if in_conversion(folder)}
+        if w.windows is not None:
+            if self.model:
+                raise BadInput("swarr.windows converts the testbed's student once per window; "
+                               "with a model of your own (model=PATH) set swarr.windows to "
+                               "null.")
+            if not converted:
+                raise BadInput("swarr.windows is set but no method or reference starts from the "
+                               "conversion (model: swa, or a reference inside swa/); the sweep "
+                               "would train nothing under a window.")
+            names = [a for n in converted for a in w.arm_names(n)]
+            clash = sorted(set(names) & (set(self.methods) | set(self.references)))
+            if clash:
+                raise BadInput(f"the sweep names its arms <name>_w<window>, and {clash} are "
+                               f"already methods or references; rename them.")
+        if not w.converted:
+            if w.rl:
+                raise BadInput("swarr.rl needs swarr.converted: the reference that is the "
+                               "converted model the recovered share is measured from.")
+            return
+        if w.converted not in self.references:
+            raise BadInput(f"swarr.converted {w.converted!r} is not a reference "
+                           f"({sorted(self.references)}); name the converted model's.")
+        if not w.rl:
+            raise BadInput("swarr.rl is empty; name the methods trained under the window, "
+                           "e.g. {grpo_swa: grpo_full}.")
+        for rl, full in w.rl.items():
+            if rl not in self.methods or (full and full not in self.methods):
+                raise BadInput(f"swarr.rl maps methods to methods, got {rl}: {full!r} "
+                               f"(methods: {sorted(self.methods)}).")
+            if w.windows is not None and (rl not in converted or full in converted
+                                          or w.converted not in converted):
+                raise BadInput(f"with a sweep, swarr.converted and the keys of swarr.rl start "
+                               f"from the conversion and its values do not; got "
+                               f"{w.converted}, {rl}: {full!r}.")
 
     def _check_numbers(self) -> None:
         """BadInput for a seed list, budget, rank count or comparison size no stage could

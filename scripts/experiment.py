@@ -15,7 +15,11 @@ from a folder inside the testbed (``model: swa``, SWARR's converted model), SFT 
 (``kind: sft``) sit beside the RL runs, ``latent_revise`` writes LatentRevise's recovered
 trajectories to OUT/recover before any training (overrides name the experiment folder as
 ``{out}``), and ``references`` adds untrained models to the comparison
-(configs/experiment_swarr.yaml, configs/experiment_latent_revise.yaml).
+(configs/experiment_swarr.yaml, configs/experiment_latent_revise.yaml). SWARR's
+``swarr.windows`` builds one sliding-window conversion per window (OUT/windows/w<W>) and runs
+every method and reference that starts from the conversion once per window (<name>_w<W>);
+``swarr.converted`` and ``swarr.rl`` add the study's table (pass@1 per tier, the share of the
+conversion's loss RL recovers, RL under the window against RL with full attention).
 
 Each stage is a plain `es-llm` command (printed, and appended to OUT/commands.txt), so any
 step can be rerun by hand. Stages whose output is complete are skipped; an interrupted
@@ -41,7 +45,7 @@ from es_llm.models import resolve_training_data
 from es_llm.run_folder import check_out_path
 from es_llm.runtime import Runtime
 from es_llm.stage_runner import Runner, es_llm_command, finished
-from es_llm.studies import ExperimentConfig, Method
+from es_llm.studies import ExperimentConfig, Method, in_conversion
 from es_llm.testbed.config import MODEL_TASKS, load_testbed_config
 from gradient.commands.grpo_command import RESUME_KEYS as GRPO_RESUME_KEYS
 from gradient.config import GRPORunConfig
@@ -73,7 +77,9 @@ def plan(cfg: ExperimentConfig) -> dict[str, int | None]:
     # Every config a later stage loads is loaded here first, so a bad setting stops the
     # experiment before hours of training ({out} is a path only at run time).
     if not cfg.model:
-        load_testbed_config(cfg.testbed, None, list(cfg.testbed_overrides))
+        check_windows(cfg)
+        for overrides in testbed_builds(cfg).values():
+            load_testbed_config(cfg.testbed, None, overrides)
     if cfg.latent_revise.enabled:
         load_config(LatentReviseConfig, path=ROOT / cfg.latent_revise.config,
                     overrides=_with_out(cfg.latent_revise.overrides, "."))
@@ -96,15 +102,89 @@ def plan(cfg: ExperimentConfig) -> dict[str, int | None]:
     return steps
 
 
-def same_testbed(folder: Path, cfg: ExperimentConfig) -> bool:
+def window_folder(out: Path, window: int) -> Path:
+    """The testbed build holding the sweep's conversion to ``window``."""
+    return out / "windows" / f"w{window}"
+
+
+def testbed_builds(cfg: ExperimentConfig) -> dict[int | None, list[str]]:
+    """The testbed builds of the experiment and their overrides: the base (key None) and,
+    with a window sweep, one per window (its conversion alone: the base then builds none)."""
+    windows = cfg.swarr.windows
+    if windows is None:
+        return {None: list(cfg.testbed_overrides)}
+    return {None: [*cfg.testbed_overrides, "swa.enabled=false"],
+            **{w: [*cfg.testbed_overrides, "swa.enabled=true", f"swa.window={w}"]
+               for w in windows}}
+
+
+def check_windows(cfg: ExperimentConfig) -> None:
+    """BadInput for a swept window longer than the context the models run at (the testbed
+    model's, or runtime.max_model_len when smaller): it would not slide."""
+    if cfg.swarr.windows is None:
+        return
+    tb = load_testbed_config(cfg.testbed, None, testbed_builds(cfg)[None])
+    context = min(tb.model.max_positions, cfg.runtime.max_model_len or tb.model.max_positions)
+    long = [w for w in cfg.swarr.windows if w > context]
+    if long:
+        raise BadInput(f"swarr.windows {long} are longer than the context the models run at "
+                       f"({context} tokens: the testbed's model.max_positions, or "
+                       f"runtime.max_model_len when smaller), so nothing would slide; use "
+                       f"windows from 1 to {context}.")
+
+
+def arms(cfg: ExperimentConfig, out: Path) -> dict[str, tuple[str, Path]]:
+    """Every trained arm by name: the method it runs and the folder it starts from (the
+    base's, or with a sweep, a window's conversion: <name>_w<W>)."""
+    base, out_arms = base_model(cfg, out), {}
+    for name, method in cfg.methods.items():
+        if cfg.swarr.windows is not None and in_conversion(method.model):
+            for w, arm in zip(cfg.swarr.windows, cfg.swarr.arm_names(name)):
+                out_arms[arm] = (name, window_folder(out, w) / method.model)
+        else:
+            out_arms[name] = (name, base / method.model)
+    return out_arms
+
+
+def references(cfg: ExperimentConfig, out: Path) -> dict[str, Path]:
+    """The untrained models compared beside the base, by name (per window with a sweep)."""
+    base, refs = base_model(cfg, out), {}
+    for name, folder in cfg.references.items():
+        if cfg.swarr.windows is not None and in_conversion(folder):
+            for w, ref in zip(cfg.swarr.windows, cfg.swarr.arm_names(name)):
+                refs[ref] = window_folder(out, w) / folder
+        else:
+            refs[name] = base / folder
+    return refs
+
+
+def conversion_overrides(cfg: ExperimentConfig) -> list[str]:
+    """The comparison's conversion table (``es_llm.compare.conversion``): one arm per method
+    trained under the window (per window with a sweep), against the base."""
+    w = cfg.swarr
+    if not w.converted:
+        return []
+    sweep = w.windows is not None
+    out = []
+    for rl, full in w.rl.items():
+        for i, arm in enumerate(w.arm_names(rl)):
+            converted = w.arm_names(w.converted)[i] if sweep else w.converted
+            out += [f"conversion.{arm}.converted={converted}", f"conversion.{arm}.rl={arm}"]
+            out += [f"conversion.{arm}.rl_full={full}"] if full else []
+    return out
+
+
+def same_testbed(folder: Path, cfg: ExperimentConfig, overrides: list[str] | None = None) -> bool:
     """The folder already holds this testbed's base model (perhaps with teachers, which a
     fresh copy without them would drop) and every further model the config enables (the
-    sliding-window conversion, the diffusion and domain models), built with its settings."""
+    sliding-window conversion, the diffusion and domain models), built with its settings;
+    ``overrides``: the build's (default: the base's, ``testbed_builds``)."""
     try:
         info = json.loads((folder / "testbed.json").read_text())
     except (OSError, json.JSONDecodeError):
         return False
-    want = load_testbed_config(cfg.testbed, None, list(cfg.testbed_overrides))
+    want = load_testbed_config(cfg.testbed, None,
+                               testbed_builds(cfg)[None] if overrides is None else overrides)
     keys = {"diffusion": want.diffusion_key, "swa": want.swa_key,
             **{name: (lambda name=name: want.domain_key(name)) for name in MODEL_TASKS}}
     parts_match = all((info.get(part) or {}).get("key") == key()
@@ -275,7 +355,12 @@ def _check_kept_testbed(cfg: ExperimentConfig, out: Path) -> None:
     if not made:
         return
     testbed = out / "testbed"
-    if (testbed / "testbed.json").is_file():
+    builds = testbed_builds(cfg)
+    windows = [w for w in builds if w is not None
+               and (window_folder(out, w) / "testbed.json").is_file()]
+    if any(not same_testbed(window_folder(out, w), cfg, builds[w]) for w in windows):
+        stale = True
+    elif (testbed / "testbed.json").is_file():
         stale = not same_testbed(testbed, cfg)
     else:
         try:
@@ -308,19 +393,19 @@ def check_kept_outputs(cfg: ExperimentConfig, out: Path, steps: dict[str, int | 
             LatentReviseConfig, path=ROOT / cfg.latent_revise.config,
             overrides=_recover_overrides(cfg, testbed, out)))
         refuse_changed("LatentRevise's recovered data", recover, want, ())
-    for name, method in cfg.methods.items():
+    for name, (method_name, start) in arms(cfg, out).items():
+        method, length = cfg.methods[method_name], steps[method_name]
         for seed in cfg.seeds:
-            overrides = run_overrides(method, seed, steps[name], testbed / method.model, out,
-                                      cfg)
+            overrides = run_overrides(method, seed, length, start, out, cfg)
             _check_kept_run(f"method {name}'s seed-{seed} run", method,
-                            _run_folder(out, name, seed), overrides, steps[name])
+                            _run_folder(out, name, seed), overrides, length)
             if method.extend > 1 and seed in method.extend_seeds:
-                total = steps[name] * method.extend
+                total = length * method.extend
                 _check_kept_run(f"method {name}'s seed-{seed} run extended to "
                                 f"{method.extend}x", method,
                                 _extension_folder(out, name, seed, method),
                                 [*overrides, *_length(method, total),
-                                 f"checkpoint_every={steps[name]}"], total)
+                                 f"checkpoint_every={length}"], total)
 
 
 def compare_command(cfg: ExperimentConfig, out: Path, models: list[str], budget_runs: list[str],
@@ -337,7 +422,7 @@ def compare_command(cfg: ExperimentConfig, out: Path, models: list[str], budget_
         cmd += ["--data", cfg.eval_data]
     if cfg.eval_select is not None:
         cmd += [f"task.select={cfg.eval_select}"]
-    cmd += runtime_overrides(cfg)
+    cmd += runtime_overrides(cfg) + conversion_overrides(cfg)
     if cfg.temperatures:
         cmd += ["--temperatures", *map(str, cfg.temperatures)]
     if cfg.temperatures or never_seen:
@@ -358,22 +443,25 @@ def run(cfg: ExperimentConfig, out: Path) -> None:
     write_text_atomic(out / "experiment.yaml", dump_yaml(cfg))
     runner = Runner(out, "experiment")
     testbed = base_model(cfg, out)
-    if not cfg.model and not same_testbed(testbed, cfg):
-        runner(es_llm_command("testbed") + ["--size", cfg.testbed, "--out", str(testbed),
-                                            "--no-progress", *cfg.testbed_overrides])
-    models = [f"base={testbed}"] + [f"{name}={testbed / sub}"
-                                    for name, sub in cfg.references.items()]
+    if not cfg.model:
+        for window, overrides in testbed_builds(cfg).items():
+            folder = testbed if window is None else window_folder(out, window)
+            if not same_testbed(folder, cfg, overrides):
+                runner(es_llm_command("testbed") + ["--size", cfg.testbed, "--out", str(folder),
+                                                    "--no-progress", *overrides])
+    models = [f"base={testbed}"] + [f"{name}={folder}"
+                                    for name, folder in references(cfg, out).items()]
     budget_runs = []
     recover = cfg.latent_revise
     if recover.enabled and not (out / "recover" / "metrics.json").is_file():
         runner(es_llm_command("latent-revise") + [
             "--config", str(ROOT / recover.config), "--out", str(out / "recover"),
             "--no-progress", *_recover_overrides(cfg, testbed, out)])
-    for name, method in cfg.methods.items():
+    for name, (method_name, start) in arms(cfg, out).items():
+        method = cfg.methods[method_name]
         for seed in cfg.seeds:
             folder = _run_folder(out, name, seed)
-            cmd = training_command(method, cfg, seed, steps[name], testbed / method.model,
-                                   folder, out)
+            cmd = training_command(method, cfg, seed, steps[method_name], start, folder, out)
             if cmd:
                 runner(cmd)
             models.append(f"{name}@{seed}={folder / 'checkpoints' / 'final'}")
@@ -382,7 +470,7 @@ def run(cfg: ExperimentConfig, out: Path) -> None:
                 continue
             if method.extend > 1 and seed in method.extend_seeds:
                 along = _extension_folder(out, name, seed, method)
-                cmd = extension_command(method, cfg, steps[name], folder, along)
+                cmd = extension_command(method, cfg, steps[method_name], folder, along)
                 if cmd:
                     runner(cmd)
             budget_runs.append(f"{name}@{seed}={along}")
@@ -407,8 +495,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--print-config", action="store_true",
                         help="print the resolved experiment config as YAML and exit")
     parser.add_argument("--out", metavar="DIR",
-                        help="experiment folder: testbed/, runs/<method>-seed<k>[-x<extend>]/, "
-                             "compare/ (report.md, report.html, comparison.json), commands.txt")
+                        help="experiment folder: testbed/, windows/w<W>/ (a window sweep's "
+                             "conversions), runs/<method>-seed<k>[-x<extend>]/, compare/ "
+                             "(report.md, report.html, comparison.json), commands.txt")
     parser.add_argument("overrides", nargs="*", metavar="key=value",
                         help="config overrides with dotted keys, e.g. seeds=[0] "
                              "budget_samples=20480 sampling.n=16 methods.es.extend=4")

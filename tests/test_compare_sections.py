@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from es_llm.compare.config import (BlindSpotConfig, BudgetConfig, CompareConfig,
-                                   ConnectivityConfig, DriftConfig, GeometryConfig,
-                                   TestTimeCompare)
+                                   ConnectivityConfig, ConversionArm, DriftConfig,
+                                   GeometryConfig, TestTimeCompare)
 from es_llm.compare.difficulty import difficulty
 from es_llm.compare.run import compare, compute_all
 from es_llm.compare.samples import load_samples
@@ -60,7 +60,8 @@ def test_sections_take_their_declared_places_and_each_setting_adds_its_own():
             ({"budget": BudgetConfig(runs=("es@0=run",))}, "budget_study", 3),
             ({"geometry": GeometryConfig(enabled=True)}, "geometry", 8),
             ({"connectivity": ConnectivityConfig(enabled=True)}, "connectivity", 8),
-            ({"drift": DriftConfig(enabled=True)}, "drift", 8)):
+            ({"drift": DriftConfig(enabled=True)}, "drift", 8),
+            ({"conversion": {"w8": ConversionArm(converted="a", rl="b")}}, "conversion", 8)):
         found = [n for n, _ in sections(CompareConfig(**setting))]
         assert found == ALWAYS[:place] + [name] + ALWAYS[place:], setting
     every = CompareConfig(temperatures=(0.6,), blind_spot=BlindSpotConfig(enabled=True),
@@ -68,11 +69,12 @@ def test_sections_take_their_declared_places_and_each_setting_adds_its_own():
                           budget=BudgetConfig(runs=("es@0=run",)),
                           geometry=GeometryConfig(enabled=True),
                           connectivity=ConnectivityConfig(enabled=True),
-                          drift=DriftConfig(enabled=True))
+                          drift=DriftConfig(enabled=True),
+                          conversion={"w8": ConversionArm(converted="a", rl="b")})
     assert [n for n, _ in sections(every)] == [
         "summary", "capability", "difficulty", "blind_spot", "testtime", "training_samples",
         "budget_study", "passk", "coverage", "diversity", "training", "models", "geometry",
-        "connectivity", "drift"]
+        "connectivity", "drift", "conversion"]
 
 
 def test_two_sections_in_one_place_are_refused():

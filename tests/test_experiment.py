@@ -235,22 +235,28 @@ def test_bad_study_settings_are_refused(tmp_path, setting, message):
 
 
 def test_a_testbed_folder_is_reused_only_with_every_enabled_part_as_configured(tmp_path):
-    """SWARR's testbed enables the sliding-window conversion, which the student's
-    fingerprint leaves out: a folder built without it, or with other settings, is rebuilt."""
+    """SWARR's window builds enable the sliding-window conversion, which the student's
+    fingerprint leaves out: a folder built without it, or with another window, is rebuilt;
+    the base build of a sweep has no conversion, so one holding any is reused as well."""
     experiment = _experiment_module()
     from es_llm.config import load_config
     from es_llm.testbed.config import load_testbed_config
 
     cfg = load_config(ExperimentConfig, path=ROOT / "configs" / "experiment_swarr.yaml")
-    want = load_testbed_config(cfg.testbed, None, list(cfg.testbed_overrides))
-    other = load_testbed_config(cfg.testbed, None, [*cfg.testbed_overrides, "swa.window=8"])
+    builds = experiment.testbed_builds(cfg)
+    assert sorted(builds, key=str) == [16, 32, 64, None]
+    assert builds[32][-2:] == ["swa.enabled=true", "swa.window=32"]
+    want = load_testbed_config(cfg.testbed, None, builds[16])
+    other = load_testbed_config(cfg.testbed, None, builds[32])
     info = {"size": cfg.testbed, "fingerprint": want.fingerprint()}
     (tmp_path / "testbed.json").write_text(json.dumps(info))
-    assert not experiment.same_testbed(tmp_path, cfg)
-    (tmp_path / "testbed.json").write_text(json.dumps({**info, "swa": {"key": other.swa_key()}}))
-    assert want.fingerprint() == other.fingerprint() and not experiment.same_testbed(tmp_path, cfg)
-    (tmp_path / "testbed.json").write_text(json.dumps({**info, "swa": {"key": want.swa_key()}}))
+    assert not experiment.same_testbed(tmp_path, cfg, builds[16])
     assert experiment.same_testbed(tmp_path, cfg)
+    (tmp_path / "testbed.json").write_text(json.dumps({**info, "swa": {"key": other.swa_key()}}))
+    assert want.fingerprint() == other.fingerprint()
+    assert not experiment.same_testbed(tmp_path, cfg, builds[16])
+    (tmp_path / "testbed.json").write_text(json.dumps({**info, "swa": {"key": want.swa_key()}}))
+    assert experiment.same_testbed(tmp_path, cfg, builds[16])
 
 
 @pytest.mark.parametrize("setting, message", [
@@ -434,3 +440,134 @@ def test_a_kept_recovery_and_finished_sft_run_must_match_the_settings(tmp_path):
         check("latent_revise.overrides=[search.n=8]")
     with pytest.raises(BadInput, match=r"sft_lr-seed0 holds .*\(epochs: 3 -> 1\)"):
         check('methods.sft_lr.overrides=["data={out}/recover/recovered.jsonl", epochs=1]')
+
+
+SWARR = ROOT / "configs" / "experiment_swarr.yaml"
+SWARR_CI = ROOT / "configs" / "experiment_swarr_ci.yaml"
+
+
+def test_a_window_sweep_runs_every_arm_of_the_conversion_once_per_window(tmp_path):
+    """Methods and references that start from the conversion get one arm per window, from
+    that window's build; the others run once from the base; the table gets one arm per
+    window and method, against the same full-attention run."""
+    experiment = _experiment_module()
+    from es_llm.config import load_config
+
+    cfg = load_config(ExperimentConfig, path=SWARR)
+    out = tmp_path / "swarr"
+    arms = experiment.arms(cfg, out)
+    assert arms["grpo_full"] == ("grpo_full", out / "testbed")
+    assert arms["grpo_swa_w32"] == ("grpo_swa", out / "windows" / "w32" / "swa")
+    assert sorted(arms) == sorted(["grpo_full"] + [f"{m}_w{w}" for m in ("grpo_swa", "es_swa")
+                                                   for w in (16, 32, 64)])
+    refs = experiment.references(cfg, out)
+    assert refs["swa_no_sft_w64"] == out / "windows" / "w64" / "swa" / "no_sft"
+    assert len(refs) == 6
+    table = experiment.conversion_overrides(cfg)
+    assert "conversion.grpo_swa_w16.converted=swa_sft_w16" in table
+    assert "conversion.grpo_swa_w16.rl_full=grpo_full" in table
+    assert "conversion.es_swa_w64.rl=es_swa_w64" in table
+    assert not any(t.startswith("conversion.es_swa_w64.rl_full") for t in table)
+    # Every arm trains and is read at up to 128 new tokens.
+    assert cfg.sampling.max_tokens == 128
+    for name, (method, start) in arms.items():
+        run = experiment.resolved_run_config(
+            cfg.methods[method], experiment.run_overrides(cfg.methods[method], 0, 1, start, out,
+                                                          cfg))
+        assert (run.rollout.max_tokens if method.startswith("grpo") else run.max_tokens) == 128
+
+
+def test_runs_are_not_relabelled_by_a_window_build_with_other_settings(tmp_path):
+    """A window's build holding a conversion made with other settings (here another SFT
+    length) would be rebuilt under the runs trained from it: refused; the same build is
+    kept."""
+    experiment = _experiment_module()
+    from es_llm.config import load_config
+    from es_llm.errors import BadInput
+    from es_llm.testbed.config import load_testbed_config
+
+    cfg = load_config(ExperimentConfig, path=SWARR)
+    out = tmp_path / "swarr"
+    (out / "runs" / "grpo_swa_w16-seed0").mkdir(parents=True)
+    builds = experiment.testbed_builds(cfg)
+    for overrides in (builds[16], [*builds[16], "swa.train.steps=7"]):
+        tb = load_testbed_config(cfg.testbed, None, overrides)
+        folder = experiment.window_folder(out, 16)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "testbed.json").write_text(json.dumps({
+            "size": cfg.testbed, "fingerprint": tb.fingerprint(), "swa": {"key": tb.swa_key()}}))
+        if overrides is builds[16]:
+            experiment.check_kept_outputs(cfg, out, experiment.plan(cfg))
+    with pytest.raises(BadInput, match="trained from a testbed that this experiment would "
+                                       "rebuild"):
+        experiment.check_kept_outputs(cfg, out, experiment.plan(cfg))
+
+
+@pytest.mark.parametrize("setting, message", [
+    ("swarr.windows=[]", "swarr.windows is an empty sweep"),
+    ("swarr.windows=[0,16]", "swarr.windows must be distinct positive numbers of tokens"),
+    ("swarr.windows=[-8]", "swarr.windows must be distinct positive numbers of tokens"),
+    ("swarr.windows=[16,16]", "swarr.windows must be distinct positive numbers of tokens"),
+    ("swarr.windows=[16,300]", "swarr.windows [300] are longer than the context the models "
+                               "run at (256 tokens"),
+    ("runtime.max_model_len=12", "swarr.windows [16] are longer than the context the models "
+                                 "run at (12 tokens"),
+    ("model=somewhere", "with a model of your own (model=PATH) set swarr.windows to null"),
+    ("references={}", "swarr.converted 'swa_sft' is not a reference"),
+    ("swarr.rl={grpo_full: grpo_swa}", "with a sweep, swarr.converted and the keys of swarr.rl"),
+    ("swarr.rl={grpo_swa: es}", "swarr.rl maps methods to methods")])
+def test_a_bad_sweep_is_refused_before_anything_is_built(tmp_path, capsys, setting, message):
+    experiment = _experiment_module()
+    extra = ["swarr.windows=[16]"] if "max_model_len" in setting else []
+    out = tmp_path / "x"
+    assert experiment.main(["--config", str(SWARR), "--out", str(out), *extra, setting]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
+    assert not out.exists()
+
+
+def test_a_sweep_with_nothing_under_the_window_is_refused(tmp_path, capsys):
+    experiment = _experiment_module()
+    assert experiment.main(["--config", str(CONFIG), "--out", str(tmp_path / "x"),
+                            "swarr.windows=[8]"]) == 2
+    err = capsys.readouterr().err
+    assert "no method or reference starts from the conversion" in err and err.count("\n") == 1
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.slow
+def test_the_sweep_and_its_per_tier_table_end_to_end(ci_testbed, tmp_path):
+    """The ci sweep: one conversion per window, GRPO on each and on the full-attention
+    student, the converted models, and the table per tier with both framings; a rerun
+    builds and trains nothing again."""
+    out = tmp_path / "swarr"
+    proc = script("experiment.py", "--config", SWARR_CI, "--out", out)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for w in (8, 16):
+        info = json.loads((out / "windows" / f"w{w}" / "testbed.json").read_text())
+        assert info["swa"]["window"] == w
+        for seed in (0, 1, 2):
+            assert (out / "runs" / f"grpo_swa_w{w}-seed{seed}" / "checkpoints" / "final").is_dir()
+    assert "swa" not in json.loads((out / "testbed" / "testbed.json").read_text())
+    comp = json.loads((out / "compare" / "comparison.json").read_text())
+    assert set(comp["methods"]) == {"base", "swa_sft_w8", "swa_sft_w16", "grpo_full",
+                                    "grpo_swa_w8", "grpo_swa_w16"}
+    table = comp["conversion"]
+    assert set(table) == {"grpo_swa_w8", "grpo_swa_w16"}
+    arm = table["grpo_swa_w8"]
+    assert arm["models"] == {"full": "base", "converted": "swa_sft_w8", "rl": "grpo_swa_w8",
+                             "rl_full": "grpo_full"}
+    assert [r["tier"] for r in arm["rows"]] == ["2", "3", "4", "all"]
+    assert [r["problems"] for r in arm["rows"]] == [15, 30, 15, 60]
+    # The all-problems row's pass@1 is each model's own (the summary's pass@1).
+    for role, name in arm["models"].items():
+        assert arm["rows"][-1]["pass1"][role] == pytest.approx(
+            comp["methods"][name]["passk"]["mean"][0], abs=1e-12)
+    report = (out / "compare" / "report.md").read_text()
+    assert "## Conversion: what RL wins back" in report and "### grpo_swa_w16" in report
+    commands = (out / "commands.txt").read_text()
+    proc = script("experiment.py", "--config", SWARR_CI, "--out", out)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    again = (out / "commands.txt").read_text()[len(commands):]
+    assert "es_llm testbed" not in again and "es_llm grpo" not in again
+    assert again.count("es_llm compare") == 1

@@ -1,6 +1,6 @@
 """The settings of ``es-llm compare``: ``CompareConfig`` and the nested settings of its
 sections (the blind spot, the budget study, the test-time curves, the update geometry, the
-linear connectivity and the off-task drift)."""
+linear connectivity, the off-task drift and a conversion study's table)."""
 
 from __future__ import annotations
 
@@ -163,6 +163,29 @@ class DriftConfig:
 
 
 @dataclass(frozen=True)
+class ConversionArm:
+    # The model before the conversion (e.g. full attention), the converted model (after its
+    # own SFT), the method trained under the conversion and the same method trained on the
+    # unconverted model ("" = none): model names of the comparison, or method names for the
+    # seed mean of all their training seeds.
+    full: str = "base"
+    converted: str = ""
+    rl: str = ""
+    rl_full: str = ""
+
+    def __post_init__(self):
+        if not (self.full and self.converted and self.rl):
+            raise BadInput(f"a conversion arm needs full, converted and rl (model or method "
+                           f"names of the comparison; rl_full may be empty), got "
+                           f"full={self.full!r}, converted={self.converted!r}, "
+                           f"rl={self.rl!r}.")
+        names = [n for n in (self.full, self.converted, self.rl, self.rl_full) if n]
+        if len(set(names)) != len(names):
+            raise BadInput(f"a conversion arm's full, converted, rl and rl_full must be four "
+                           f"different models, got {names}.")
+
+
+@dataclass(frozen=True)
 class CompareConfig:
     # Models as NAME=PATH: PATH is a model folder (sampled here), an eval folder or a
     # samples.jsonl (reused). NAME is a method, or method@seed for one of its training seeds.
@@ -213,9 +236,19 @@ class CompareConfig:
     geometry: GeometryConfig = field(default_factory=GeometryConfig)
     connectivity: ConnectivityConfig = field(default_factory=ConnectivityConfig)
     drift: DriftConfig = field(default_factory=DriftConfig)
+    # A conversion study's table (es_llm/compare/conversion.py, SWARR's sliding window): per
+    # arm, by its label, pass@1 per tier of its four models, the share of the conversion's
+    # loss that RL recovers and RL under the conversion minus RL on the unconverted model,
+    # each with a paired CI over problems; empty = off. An arm's keys: full (default base),
+    # converted, rl, rl_full, e.g. conversion.w16.converted=swa_sft conversion.w16.rl=grpo_swa.
+    conversion: dict[str, ConversionArm] = field(default_factory=dict)
 
     def __post_init__(self):
         check_choices(self)
+        bad = [a for a in self.conversion if not a.replace("_", "").isalnum()]
+        if bad:
+            raise BadInput(f"conversion arm labels must be letters, digits and _, got "
+                           f"{', '.join(map(repr, bad))}.")
         if self.bootstrap < 10:
             raise BadInput(f"bootstrap must be at least 10 resamples, got {self.bootstrap}.")
         if any(not t > 0 for t in self.temperatures):

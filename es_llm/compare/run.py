@@ -11,8 +11,8 @@ from pathlib import Path
 import yaml
 
 # Every section registers itself when its module is imported; these are all of them.
-from es_llm.compare import (blind_spot, budget, capability, connectivity, core,  # noqa: F401
-                            difficulty, drift, geometry, runs, testtime)
+from es_llm.compare import (blind_spot, budget, capability, connectivity,  # noqa: F401
+                            conversion, core, difficulty, drift, geometry, runs, testtime)
 from es_llm.compare.config import CompareConfig
 from es_llm.compare.core import summary_table
 from es_llm.compare.samples import SETTING_KEYS, align, check_name, load_samples, samples_path
