@@ -1,16 +1,19 @@
 """Critique uptake and peer discussion: uptake conditioned on useful critiques (those that flag
 the verifier's first wrong step) computed by hand on four hand-written repairs, the
-discussion's statistics by hand, and the discussion method end to end through the real
-token ledger on a scripted backend (and on the ci reasoning model)."""
+discussion's statistics by hand, the discussion method end to end through the real token
+ledger on a scripted backend (and on the ci reasoning model), and the revise role's hidden
+slips, whose step only the critique names."""
 
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 
 from es_llm.backends.base import Completion
 from es_llm.tasks import Problem, TaskConfig, build_task, countdown
+from es_llm.tasks import countdown_roles as R
 from es_llm.tasks.countdown_roles import answer_value, parse_verdict, role_prompt
 from es_llm.testtime import ttel  # noqa: F401  (registers the branchings the settings name)
 from es_llm.testtime.generations import Gen, Generations
@@ -176,3 +179,62 @@ def test_discussion_on_the_ci_reasoning_model(ci_reasoning, tmp_path):
     stats = json.loads((out / "metrics.json").read_text())["methods"]["discussion"]
     assert set(stats["budgets"]["2"]["stats"]) >= {"revision_changed", "final_accuracy",
                                                   "draft_vote_accuracy"}
+
+
+# --------------------------------------------------------------------------------------------
+# Hidden slips in the revise role's training data
+# --------------------------------------------------------------------------------------------
+
+def test_hidden_slip_by_hand():
+    # Two steps: only step 1 can be slipped; 7/3 is no integer, so / cannot be written.
+    made = {R.hidden_slip(random.Random(seed), PROBLEM, RIGHT) for seed in range(30)}
+    assert made == {None, ("7+3=10 10+4=14 <answer>7+3+4</answer>", 1),
+                    ("7-3=4 4+4=8 <answer>7-3+4</answer>", 1)}
+    # Every step checks; the verifier can only say the end misses, at the last step.
+    assert R.first_wrong_step([7, 3, 4], 25, "7+3=10 10+4=14 <answer>7+3+4</answer>") == 2
+    assert R.hidden_slip(random.Random(0), Problem(id="t", prompt="nums 7 3 make 21\n", gold={
+        "numbers": [7, 3], "target": 21}), "7*3=21 <answer>7*3</answer>") is None
+
+
+def test_hidden_slips_check_everywhere_but_the_end():
+    rng = random.Random(3)
+    made = 0
+    for _ in range(300):
+        problem, clean = countdown.generate(rng, rng.choice((3, 4)))
+        slip = R.hidden_slip(rng, problem, clean)
+        if slip is None:
+            continue
+        made += 1
+        text, k = slip
+        g = problem.gold
+        ours, theirs = R.parse_steps(text), R.parse_steps(clean)
+        assert not countdown.score_completion(g["numbers"], g["target"], text).correct
+        assert R.first_wrong_step(g["numbers"], g["target"], text) == len(ours) > k
+        # Steps before k are the clean ones; step k has the clean operands, another operator.
+        assert ours[:k - 1] == theirs[:k - 1]
+        assert (ours[k - 1].a, ours[k - 1].b) == (theirs[k - 1].a, theirs[k - 1].b)
+        assert ours[k - 1].op != theirs[k - 1].op
+    assert made > 150
+
+
+def test_revise_examples_carry_hidden_slips_with_the_located_critique():
+    rng = random.Random(0)
+    slips = planted = 0
+    for _ in range(1500):
+        problem, completion = R.generate(rng, 3)
+        if problem.meta["role"] != "revise":
+            continue
+        _, trace, critique = problem.prompt.rstrip("\n").split("\n")
+        g = problem.gold
+        label = R.first_wrong_step(g["numbers"], g["target"], trace)
+        verdict = parse_verdict(critique)
+        assert R.first_wrong_step(g["numbers"], g["target"], completion) is None
+        if verdict is None or verdict[1] is None:
+            continue
+        if verdict[1] != label:
+            # A hidden slip: the critique names a step before the verifier's label.
+            slips += 1
+            assert verdict[1] < label == len(R.parse_steps(trace))
+        else:
+            planted += 1
+    assert slips > 20 and planted > 20

@@ -20,10 +20,15 @@ information: self-repair).
 
 Review traces carry planted errors whose label the verifier computes (``first_wrong_step``):
 a misread given number at step k (``8*3=24`` for the given 7, carried on), or a wrong
-operator at the last step (arithmetic right, target missed). A revise example's target is
-the clean trace the error was planted in, so it keeps the valid prefix before the flagged
-step. Everything here is a pure function of the ``random.Random`` passed in; model text is
-parsed with regular expressions and scored with the Countdown verifier, never evaluated.
+operator at the last step (arithmetic right, target missed). The trace alone locates both,
+so a critique adds nothing to their repair; a share of the revise examples therefore carries
+a hidden slip instead (``hidden_slip``): a wrong operator before the last step, its
+arithmetic right and carried on, so every step checks and only the end misses the target.
+Only the critique ``wrong at step k`` names the step to change, which lets a useful critique
+change a repair. A revise example's target is the clean trace the error was planted in, so
+it keeps the valid prefix before the flagged step. Everything here is a pure function of the
+``random.Random`` passed in; model text is parsed with regular expressions and scored with
+the Countdown verifier, never evaluated.
 """
 
 from __future__ import annotations
@@ -47,6 +52,9 @@ TIERS = (2, 3, 4)
 MAX_NUMBER = 15
 SELF_REPAIR, NO_LOCATION = "check", "wrong"
 MISREAD_SIZES = (-3, -2, -1, 1, 2, 3)
+# Share of the revise examples with a wrong trace that carry a hidden slip (``hidden_slip``)
+# instead of a planted error; one-step traces cannot hold one and take a planted error.
+HIDDEN_SLIP_SHARE = 0.3
 
 STEP_RE = re.compile(r"([0-9]{1,9})([+\-*/])([0-9]{1,9})=([0-9]{1,12})")
 _PROBLEM_RE = re.compile(r"(?:[a-z]+ )?nums ((?:[0-9]{1,6} )+)make ([0-9]{1,9})\n?")
@@ -211,18 +219,18 @@ def _plan(numbers: Sequence[int], steps: Sequence[Step]) -> list[tuple[int, str,
 
 
 def _render(numbers: Sequence[int], plan, misread: tuple[int, int] | None = None,
-            last_op: str | None = None) -> tuple[str, object] | None:
+            op_at: tuple[int, str] | None = None) -> tuple[str, object] | None:
     """The trace and answer tree of ``plan`` with given number ``misread[0]`` written as
-    ``misread[1]`` or the last step's operator replaced; None when a step would leave the
-    positive integers."""
+    ``misread[1]`` or the operator of the 0-based step ``op_at[0]`` replaced by ``op_at[1]``;
+    None when a step would leave the positive integers."""
     values: list[int] = list(numbers)
     trees: list[object] = list(numbers)
     if misread is not None:
         values[misread[0]] = trees[misread[0]] = misread[1]
     texts = []
     for k, (i, op, j) in enumerate(plan):
-        if last_op is not None and k == len(plan) - 1:
-            op = last_op
+        if op_at is not None and k == op_at[0]:
+            op = op_at[1]
         value = _apply(values[i], op, values[j])
         if value is None or value.denominator != 1 or value < 1:
             return None
@@ -255,13 +263,34 @@ def planted_error(rng: random.Random, problem: Problem, completion: str
         made = _render(numbers, plan, misread=(x, value)) if value >= 1 else None
     else:
         op = rng.choice([o for o in "+-*/" if o != plan[-1][1]])
-        made = _render(numbers, plan, last_op=op)
+        made = _render(numbers, plan, op_at=(len(plan) - 1, op))
     if made is None:
         return None
     trace, tree = made
     wrong = f"{trace} <answer>{countdown.render(tree)}</answer>"
     label = first_wrong_step(numbers, target, wrong)
     return (wrong, label) if label is not None else None
+
+
+def hidden_slip(rng: random.Random, problem: Problem, completion: str
+                ) -> tuple[str, int] | None:
+    """A wrong version of a clean worked ``completion`` that the trace alone does not locate,
+    and the step to fix: the operator of a random step before the last replaced, its
+    arithmetic right and carried on, so every step checks and only the end misses the
+    target. Every step is a suspect; the returned step is the planted one, while the
+    verifier's label (``first_wrong_step``) is the last step. None if it cannot be written
+    (a one-step trace, a step leaving the positive integers, or a slip still on target)."""
+    numbers, target = problem.gold["numbers"], problem.gold["target"]
+    plan = _plan(numbers, _steps_of(completion))
+    if len(plan) < 2:
+        return None
+    k = rng.randrange(len(plan) - 1)
+    made = _render(numbers, plan, op_at=(k, rng.choice([o for o in "+-*/" if o != plan[k][1]])))
+    if made is None:
+        return None
+    trace, tree = made
+    wrong = f"{trace} <answer>{countdown.render(tree)}</answer>"
+    return (wrong, k + 1) if first_wrong_step(numbers, target, wrong) is not None else None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -304,6 +333,12 @@ def _example(rng: random.Random, role: str, problem: Problem, clean: str
     if role == "revise" and rng.random() < 0.2:
         # Self-repair on a trace that was right: nothing to change.
         return role_prompt(role, numbers, target, trace=clean, critique=SELF_REPAIR), clean
+    slip = (hidden_slip(rng, problem, clean) if role == "revise"
+            and rng.random() < HIDDEN_SLIP_SHARE else None)
+    if slip is not None:
+        # Only the critique names the step to fix, so the repair depends on it.
+        return (role_prompt(role, numbers, target, trace=slip[0],
+                            critique=f"wrong at step {slip[1]}"), clean)
     wrong = planted_error(rng, problem, clean)
     if wrong is None:
         return None
