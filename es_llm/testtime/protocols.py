@@ -237,15 +237,13 @@ def discussion(inp: MethodInput) -> MethodResult:
             jobs.append((p, prompt(p, "revise", trace=draft.text,
                                    critique=peer_line([g.answer for g in peers]))))
             others.append([g.value for g in peers if g.value is not None])
-    revised = iter(zip((g[0] for g in inp.gen.draw(inp.label, "discuss", jobs, 1,
-                                                   inp.cfg.max_tokens)), others))
+    revised = iter(g[0] for g in inp.gen.draw(inp.label, "discuss", jobs, 1,
+                                              inp.cfg.max_tokens))
+    peer_values = iter(others)
     rows, pairs = [], []
     for p, drafts in zip(inp.problems, outs):
-        finals = []
-        for draft in drafts:
-            final, peers = next(revised)
-            finals.append(final)
-            pairs.append((draft, final, peers))
+        finals = [next(revised) for _ in drafts]
+        pairs += [(d, f, next(peer_values)) for d, f in zip(drafts, finals)]
         rows.append(outcome(p, drafts + finals, vote(finals),
                             draft_vote_correct=bool(vote(drafts).correct)))
     stats = discussion_stats(pairs)
