@@ -228,15 +228,15 @@ def test_review_metrics_on_scripted_transcripts():
                (False, ("ok", None)), (True, None)]
     repairs = [
         # Flagged step 2, the repair changed steps 1 and 2 and the answer: uptake.
-        {"wrong_before": True, "correct_after": True, "flagged": 2,
+        {"wrong_before": True, "correct_after": True, "flagged": 2, "first_wrong": 1,
          "before": "7*3=22 22+4=26 <answer>7*3+5</answer>",
          "after": "7*3=21 21+4=25 <answer>7*3+4</answer>", "changed": True},
         # Flagged step 1, only step 2 changed: no uptake.
-        {"wrong_before": False, "correct_after": False, "flagged": 1,
+        {"wrong_before": False, "correct_after": False, "flagged": 1, "first_wrong": 2,
          "before": "7*3=21 21-4=17 <answer>7*3-4</answer>",
          "after": "7*3=21 21+4=25 <answer>7*3+4</answer>", "changed": True},
         # A repair without a location does not enter uptake.
-        {"wrong_before": True, "correct_after": False, "flagged": None,
+        {"wrong_before": True, "correct_after": False, "flagged": None, "first_wrong": 1,
          "before": "8*3=24 <answer>8*3</answer>", "after": "8*3=24 <answer>8*3</answer>",
          "changed": False},
     ]
@@ -266,7 +266,9 @@ def every_method(ci_reasoning, tmp_path_factory):
     out = tmp_path_factory.mktemp("testtime")
     code = main(["testtime", "--model", str(ci_reasoning), "--methods", ",".join(METHODS.names()),
                  "--budgets", "2,3", "--limit", "6", "--out", str(out), "--no-progress",
-                 "testtime.calibration_problems=8", "bootstrap=50"])
+                 # Enough calibration problems that the ci model solves one (DART fits its
+                 # budget map on solved problems only).
+                 "testtime.calibration_problems=24", "bootstrap=50"])
     assert code == 0
     return out
 

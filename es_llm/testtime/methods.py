@@ -9,7 +9,7 @@ read from the ledger of ``Generations``, never reported by the method.
 
 The budget level means, per strategy: samples (``independent``, ``direct``, ``cpp``), thinking
 samples after a disagreement (``dart``), branches (``ttel``), candidates (``base_select``),
-peers (``per``, ``broadcast``).
+peers (``per``, ``broadcast``, ``discussion``).
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""Planner-executor-reviewer (PER) against broadcast peer discussion, over one model playing
-every role (``facts`` plans, ``solve`` executes, ``review`` judges, ``revise`` repairs).
+"""Planner-executor-reviewer (PER) against broadcast peer review and peer discussion, over one
+model playing every role (``facts`` plans, ``solve`` executes, ``review`` judges, ``revise``
+repairs).
 
 Only the abstract of the PER study was available; the protocols and metrics follow the
 project's reading (es-next.md section 6), with the verifier as ground truth:
@@ -9,13 +10,20 @@ project's reading (es-next.md section 6), with the verifier as ground truth:
   is repaired once with the critique;
 - ``broadcast``: M peers solve; every peer reviews every other peer's solution; a solution
   most of whose reviews reject it is repaired with the step most reviews flagged;
-- both commit to the vote of their M final solutions.
+- ``discussion``: M peers solve; each peer reads the other peers' answers and writes a
+  revised solution (one round), the source's broadcast-style discussion;
+- all three commit to the vote of their M final solutions.
 
-Reviewer precision is P(solution wrong | rejected) and recall P(rejected | wrong). Critique
-uptake is the share of repairs after a localised critique whose answer changed and whose
-edit touches the flagged step. The reviewer-guided repair rate P(correct after | wrong,
-rejected) is read against self-repair: every wrong draft is also revised with the
-no-information critique ``check`` (a control, not part of the method's cost).
+Reviewer precision is P(solution wrong | rejected) and recall P(rejected | wrong), over every
+review (a review with no verdict counts as not rejecting). Critique uptake is the share of
+repairs after a localised critique whose answer changed and whose edit touches the flagged
+step; it is also given apart over the useful critiques (the flagged step is the verifier's
+first wrong step of the draft, ``first_wrong_step``) and over the others, each group with its
+repair rate P(correct after | wrong draft), since an uptake averaged over all critiques
+mixes following good advice with following bad. The reviewer-guided repair rate
+P(correct after | wrong, rejected) is read against self-repair: every wrong draft is also
+revised with the no-information critique ``check`` (a control, not part of the method's
+cost).
 """
 
 from __future__ import annotations
@@ -25,10 +33,11 @@ from collections import Counter
 
 import numpy as np
 
-from es_llm.tasks.countdown_roles import (SELF_REPAIR, critique_line, parse_steps,
-                                          parse_verdict)
+from es_llm.tasks import Problem
+from es_llm.tasks.countdown_roles import (SELF_REPAIR, critique_line, first_wrong_step,
+                                          parse_steps, parse_verdict)
 from es_llm.testtime.generations import Gen
-from es_llm.testtime.methods import (MethodInput, MethodResult, outcome, prompt,
+from es_llm.testtime.methods import (MethodInput, MethodResult, mean_or_none, outcome, prompt,
                                      register_method, vote)
 
 
@@ -46,31 +55,60 @@ def edited_steps(before: str, after: str) -> set[int]:
     return touched
 
 
+def repair_row(problem: Problem, before: Gen, after: Gen, verdict: tuple | None) -> dict:
+    """One repair as ``review_metrics`` reads it: whether the draft was wrong and the repair
+    correct, the step the critique flagged (None: no location), the verifier's first wrong
+    step of the draft (None: a clean trace), both texts, and whether the answer changed."""
+    numbers, target = problem.gold["numbers"], problem.gold["target"]
+    return {"wrong_before": not before.correct, "correct_after": after.correct,
+            "flagged": verdict[1] if verdict is not None else None,
+            "first_wrong": first_wrong_step(numbers, target, before.text),
+            "before": before.text, "after": after.text,
+            "changed": after.value != before.value or after.answer != before.answer}
+
+
+def _uptake(repairs: list[dict]) -> float | None:
+    """The share of localised repairs whose answer changed and whose edit touches the
+    flagged step."""
+    return mean_or_none([r["changed"] and r["flagged"] in edited_steps(r["before"], r["after"])
+                         for r in repairs])
+
+
+def _repair_rate(repairs: list[dict]) -> float | None:
+    """P(correct after | wrong draft) over ``repairs``."""
+    return mean_or_none([r["correct_after"] for r in repairs if r["wrong_before"]])
+
+
 def review_metrics(reviews: list[tuple[bool, tuple | None]], repairs: list[dict],
                    controls: list[bool]) -> dict:
     """The protocol statistics.
 
     ``reviews``: (solution wrong by the verifier, parsed verdict or None) per review.
-    ``repairs``: per repair ``wrong_before``, ``correct_after``, ``flagged`` (the critique's
-    step or None), ``before``/``after`` texts and ``changed`` (the answer differs).
-    ``controls``: whether each self-repair of a wrong draft came out correct.
+    ``repairs``: ``repair_row`` per repair. ``controls``: whether each self-repair of a wrong
+    draft came out correct. Uptake is over localised critiques only (an unlocalised one
+    names no step to touch); ``useful`` critiques flag the verifier's first wrong step. On
+    a draft whose steps all check but miss the target that is the last step, though an
+    earlier operator may be the cause (a hidden slip): such a critique counts as other.
     """
     rejected = [(wrong, v is not None and v[0] == "wrong") for wrong, v in reviews]
-    rej = [w for w, r in rejected if r]
-    wrong = [r for w, r in rejected if w]
     localized = [r for r in repairs if r["flagged"] is not None]
-    guided = [r["correct_after"] for r in repairs if r["wrong_before"]]
+    useful = [r for r in localized if r["flagged"] == r["first_wrong"]]
+    other = [r for r in localized if r["flagged"] != r["first_wrong"]]
     return {
         "reviews": len(reviews),
         "unparsed_verdicts": sum(v is None for _, v in reviews),
-        "reviewer_precision": float(np.mean(rej)) if rej else None,
-        "reviewer_recall": float(np.mean(wrong)) if wrong else None,
+        "reviewer_precision": mean_or_none([w for w, r in rejected if r]),
+        "reviewer_recall": mean_or_none([r for w, r in rejected if w]),
         "repairs": len(repairs),
-        "critique_uptake": (float(np.mean([r["changed"] and r["flagged"] in
-                                           edited_steps(r["before"], r["after"])
-                                           for r in localized])) if localized else None),
-        "guided_repair_rate": float(np.mean(guided)) if guided else None,
-        "self_repair_rate": float(np.mean(controls)) if controls else None,
+        "critique_uptake": _uptake(localized),
+        "useful_critiques": len(useful),
+        "other_critiques": len(other),
+        "critique_uptake_useful": _uptake(useful),
+        "critique_uptake_other": _uptake(other),
+        "repair_rate_useful": _repair_rate(useful),
+        "repair_rate_other": _repair_rate(other),
+        "guided_repair_rate": _repair_rate(repairs),
+        "self_repair_rate": mean_or_none(controls),
     }
 
 
@@ -98,10 +136,7 @@ def _finish(inp: MethodInput, drafts: dict, reviews: list, rejects: dict) -> Met
              if not g.correct]
     controls = _repair(inp, [(by_id[pid], drafts[pid][j].text, SELF_REPAIR)
                              for pid, j in wrong], "self-repair", control=True)
-    repairs = [{"wrong_before": not drafts[pid][j].correct, "correct_after": g.correct,
-                "flagged": rejects[(pid, j)][1], "before": drafts[pid][j].text,
-                "after": g.text, "changed": g.value != drafts[pid][j].value
-                or g.answer != drafts[pid][j].answer}
+    repairs = [repair_row(by_id[pid], drafts[pid][j], g, rejects[(pid, j)])
                for (pid, j), g in repaired.items()]
     rows = []
     for p in inp.problems:
@@ -158,3 +193,62 @@ def broadcast(inp: MethodInput) -> MethodResult:
             steps = Counter(v[1] for v in against if v[1] is not None)
             rejects[key] = ("wrong", steps.most_common(1)[0][0] if steps else None)
     return _finish(inp, drafts, reviews, rejects)
+
+
+def peer_line(answers: list[str | None]) -> str:
+    """The critique line of a discussion revision: ``peers`` and the other peers' answers in
+    order, ``none`` for a peer that gave none (spaces dropped, so each answer is one word)."""
+    return " ".join(["peers"] + ["".join(a.split()) if a else "none" for a in answers])
+
+
+def discussion_stats(pairs: list[tuple[Gen, Gen, list]]) -> dict:
+    """What one round of discussion did, per peer ``(draft, revision, the other peers'
+    answer values)``: the share of revisions whose answer changed, the repair rate
+    P(correct after | wrong draft), the break rate P(wrong after | correct draft), and the
+    share of changed revisions that adopted an answer some other peer gave."""
+    changed = [(d, r, peers) for d, r, peers in pairs if r.value != d.value]
+    return {
+        "revision_changed": mean_or_none([r.value != d.value for d, r, _ in pairs]),
+        "discussion_repair_rate": mean_or_none([r.correct for d, r, _ in pairs
+                                                if not d.correct]),
+        "discussion_break_rate": mean_or_none([not r.correct for d, r, _ in pairs
+                                               if d.correct]),
+        "adopted_peer_answer": mean_or_none([r.value is not None and r.value in peers
+                                             for _, r, peers in changed]),
+    }
+
+
+@register_method("discussion", roles=("solve", "revise"), min_budget=2, unit="peers")
+def discussion(inp: MethodInput) -> MethodResult:
+    """M peers solve; each then reads the other peers' answers and writes a revised solution
+    (one round); the method commits to the vote of the revisions.
+
+    Departure: the source's peers read each other's solutions; the testbed model has no
+    discussion role, so a revision is the trained ``revise`` prompt with the peer's own
+    draft as the trace and ``peer_line`` (the other peers' answers only: their whole traces
+    would overrun the model's 256-token character context within a few peers) as the
+    critique line. The revise role was trained on the critiques ``wrong at step k``,
+    ``wrong`` and ``check`` only, so this critique line is a form it never saw in training.
+    """
+    outs = inp.gen.draw(inp.label, "solve", [(p, prompt(p, "solve")) for p in inp.problems],
+                        inp.budget, inp.cfg.max_tokens)
+    jobs, others = [], []
+    for p, drafts in zip(inp.problems, outs):
+        for i, draft in enumerate(drafts):
+            peers = drafts[:i] + drafts[i + 1:]
+            jobs.append((p, prompt(p, "revise", trace=draft.text,
+                                   critique=peer_line([g.answer for g in peers]))))
+            others.append([g.value for g in peers if g.value is not None])
+    revised = iter(g[0] for g in inp.gen.draw(inp.label, "discuss", jobs, 1,
+                                              inp.cfg.max_tokens))
+    peer_values = iter(others)
+    rows, pairs = [], []
+    for p, drafts in zip(inp.problems, outs):
+        finals = [next(revised) for _ in drafts]
+        pairs += [(d, f, next(peer_values)) for d, f in zip(drafts, finals)]
+        rows.append(outcome(p, drafts + finals, vote(finals),
+                            draft_vote_correct=bool(vote(drafts).correct)))
+    stats = discussion_stats(pairs)
+    stats["draft_vote_accuracy"] = mean_or_none([r["draft_vote_correct"] for r in rows])
+    stats["final_accuracy"] = mean_or_none([r["answered"] for r in rows])
+    return MethodResult(rows, stats)
