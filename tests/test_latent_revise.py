@@ -5,15 +5,13 @@ rows."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from es_llm.cli import main
+from own_process import run_check
 from es_llm.tasks import Problem
 from es_llm.errors import BadInput
 from gradient.commands.recovery import (ANCHORS, ReviseSettings, prefix_steps, split_rollout,
@@ -119,13 +117,7 @@ def test_embeddings_prefill_at_the_one_hot_start_continues_as_the_token_prefix(a
 @pytest.mark.vllm
 def test_vllm_prompt_embeddings_at_the_one_hot_start_continue_as_the_token_prefix(ci_testbed):
     pytest.importorskip("vllm")
-    env = dict(os.environ, PYTHONPATH=str(ROOT), VLLM_ENABLE_V1_MULTIPROCESSING="0")
-    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "vllm_embeds_check.py"),
-                           str(ci_testbed)], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=300, check=False)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
-    result = json.loads(lines[-1][len("RESULT "):])
+    result = run_check("vllm_embeds_check.py", str(ci_testbed), timeout=300)
     assert result == {"equal": [True] * 4, "noisy_differs": [True] * 4}
 
 

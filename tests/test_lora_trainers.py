@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 
 from es_llm.cli import main
 from es_llm.tasks import registry
+from own_process import run_check
 from test_es_direction import Sevens
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -153,14 +154,7 @@ def test_vllm_rollout_logprobs_match_the_trainers_with_a_trained_adapter(ci_test
     the same tokens (measured on CPU fp32, rank 8: served max 2.4e-5 / mean 4.1e-7, merged
     max 4.1e-5 / mean 5.5e-7)."""
     pytest.importorskip("vllm")
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "vllm_lora_check.py"),
-                           str(ci_testbed)], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=600, check=False)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
-    result = json.loads(lines[-1][len("RESULT "):])
+    result = run_check("vllm_lora_check.py", str(ci_testbed), timeout=600)
     print(result)
     assert result["served"]["tokens"] > 200 and result["merged"]["tokens"] > 200
     # Both ways agree with the trainer; the trainers use the served one (the closer).
