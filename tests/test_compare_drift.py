@@ -272,7 +272,9 @@ def test_drift_end_to_end_on_the_ci_testbed(ci_testbed, tmp_path):
 def test_drift_along_a_budget_run_end_to_end(ci_testbed, tmp_path):
     """A run whose step-2 checkpoint is the ci testbed (the reference) and whose final one a
     perturbed copy: along the run the base checkpoint's KL and accuracy change are exactly 0,
-    the perturbed one's KL is above 0, and the report's table says what comparison.json does."""
+    the perturbed one's KL is above 0, and the report's table says what comparison.json does.
+    The perturbed copy compared as a model too reads as its checkpoint does, and the models'
+    numbers are the same without the run."""
     perturbed = tmp_path / "perturbed"
     shutil.copytree(ci_testbed, perturbed)
     tensors = load_file(str(perturbed / "model.safetensors"))
@@ -282,13 +284,13 @@ def test_drift_along_a_budget_run_end_to_end(ci_testbed, tmp_path):
               str(perturbed / "model.safetensors"), metadata={"format": "pt"})
     run = _run(tmp_path / "run", {"step_2": ci_testbed, "final": perturbed})
     out = tmp_path / "r"
-    assert main(["compare", "--models", f"base={ci_testbed}", "--task", "countdown", "--n", "1",
-                 "--limit", "4", "--max-tokens", "48", "--backend", "hf", "--drift",
-                 "--drift-kl-prompts", "3", "--budget-runs", f"es@0={run}", "budget.n=0",
-                 "--out", str(out), "--no-progress"]) == 0
+    common = ["compare", "--models", f"base={ci_testbed}", f"es={perturbed}", "--task",
+              "countdown", "--n", "1", "--limit", "4", "--max-tokens", "48", "--backend", "hf",
+              "--drift", "--drift-kl-prompts", "3", "--no-progress"]
+    assert main(common + ["--budget-runs", f"es@0={run}", "budget.n=0", "--out", str(out)]) == 0
     drift = json.loads((out / "comparison.json").read_text())["drift"]
     # The models' own table keeps the models alone; the checkpoints are under the runs.
-    assert [list(t["models"]) for t in drift["tasks"]] == [["base"]]
+    assert [list(t["models"]) for t in drift["tasks"]] == [["base", "es"]]
     (along,) = drift["runs"]
     assert (along["label"], along["method"]) == ("es@0", "es")
     start, end = along["points"]
@@ -298,6 +300,8 @@ def test_drift_along_a_budget_run_end_to_end(ci_testbed, tmp_path):
     assert first["kl_per_prompt"] == [0.0] * 3 and first["kl_ci95"] == [0.0, 0.0]
     assert last["kl"] > 0 and last["kl_ci95"][0] <= last["kl"] <= last["kl_ci95"][1]
     assert len(last["kl_per_prompt"]) == 3
+    mine = drift["tasks"][0]["models"]["es"]
+    assert (mine["accuracy"], mine["kl_per_prompt"]) == (last["accuracy"], last["kl_per_prompt"])
     report = (out / "report.md").read_text()
     assert "### Drift against training budget" in report
     lines = {line.split(" | ")[1]: line for line in report.splitlines()
@@ -308,3 +312,9 @@ def test_drift_along_a_budget_run_end_to_end(ci_testbed, tmp_path):
         assert f"| {100 * m['accuracy']:.1f}% |" in line
         assert f"| {m['kl']:.4f} [{m['kl_ci95'][0]:.4f}, {m['kl_ci95'][1]:.4f}] |" in line
     assert (out / "figures" / "drift_budget.png").read_bytes()[:4] == b"\x89PNG"
+    alone = tmp_path / "alone"
+    assert main(common + ["--out", str(alone)]) == 0
+    without = json.loads((alone / "comparison.json").read_text())["drift"]
+    assert without["runs"] == [] and without["tasks"] == drift["tasks"]
+    assert "Drift against training budget" not in (alone / "report.md").read_text()
+    assert not (alone / "figures" / "drift_budget.png").exists()
