@@ -22,7 +22,8 @@ against generated samples and training seconds; with --geometry, what each model
 folder's training did to the reference's weights (update norms, moved share,
 effective rank, cosines between updates); with --connectivity, accuracy along
 the straight line between two models' weights and its barrier; with --drift,
-accuracy and KL to the reference on off-task problem sets. Several training
+accuracy and KL to the reference on off-task problem sets (with --budget-runs too,
+at every checkpoint along the runs). Several training
 seeds of one method are named method@seed and reported as a group (seed spread
 beside the bootstrap CIs). A checkpoint of a training run (RUN/checkpoints/NAME)
 compared on problems the run trained on gets a warning, or exit status 2 with
