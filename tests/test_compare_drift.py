@@ -9,6 +9,7 @@ import math
 import random
 import re
 import shutil
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -230,17 +231,22 @@ def test_budget_run_checkpoints_not_of_the_reference_are_refused(standin, tmp_pa
         assert not out.exists()
 
 
+def _perturbed_copy(model: Path, folder: Path) -> Path:
+    """A copy of the model folder with seeded noise of scale 1e-2 on every float tensor."""
+    shutil.copytree(model, folder)
+    tensors = load_file(str(folder / "model.safetensors"))
+    gen = torch.Generator().manual_seed(1)
+    save_file({k: v + 1e-2 * torch.randn(v.shape, generator=gen).to(v.dtype)
+               if v.is_floating_point() else v for k, v in tensors.items()},
+              str(folder / "model.safetensors"), metadata={"format": "pt"})
+    return folder
+
+
 @pytest.mark.slow
 def test_drift_end_to_end_on_the_ci_testbed(ci_testbed, tmp_path):
     """A perturbed copy of the ci testbed against it on the testbed's arithmetic set (the
     default) and its Countdown set: the reference's own drift is 0, the copy's KL is above 0."""
-    es = tmp_path / "es"
-    shutil.copytree(ci_testbed, es)
-    tensors = load_file(str(es / "model.safetensors"))
-    gen = torch.Generator().manual_seed(1)
-    save_file({k: v + 1e-2 * torch.randn(v.shape, generator=gen).to(v.dtype)
-               if v.is_floating_point() else v for k, v in tensors.items()},
-              str(es / "model.safetensors"), metadata={"format": "pt"})
+    es = _perturbed_copy(ci_testbed, tmp_path / "es")
     out = tmp_path / "r"
     common = ["compare", "--models", f"base={ci_testbed}", f"es={es}", "--task", "countdown",
               "--n", "1", "--limit", "6", "--backend", "hf", "--drift", "--drift-kl-prompts",
@@ -275,13 +281,7 @@ def test_drift_along_a_budget_run_end_to_end(ci_testbed, tmp_path):
     the perturbed one's KL is above 0, and the report's table says what comparison.json does.
     The perturbed copy compared as a model too reads as its checkpoint does, and the models'
     numbers are the same without the run."""
-    perturbed = tmp_path / "perturbed"
-    shutil.copytree(ci_testbed, perturbed)
-    tensors = load_file(str(perturbed / "model.safetensors"))
-    gen = torch.Generator().manual_seed(1)
-    save_file({k: v + 1e-2 * torch.randn(v.shape, generator=gen).to(v.dtype)
-               if v.is_floating_point() else v for k, v in tensors.items()},
-              str(perturbed / "model.safetensors"), metadata={"format": "pt"})
+    perturbed = _perturbed_copy(ci_testbed, tmp_path / "perturbed")
     run = _run(tmp_path / "run", {"step_2": ci_testbed, "final": perturbed})
     out = tmp_path / "r"
     common = ["compare", "--models", f"base={ci_testbed}", f"es={perturbed}", "--task",
