@@ -88,7 +88,7 @@ def review_metrics(reviews: list[tuple[bool, tuple | None]], repairs: list[dict]
     draft came out correct. Uptake is over localised critiques only (an unlocalised one
     names no step to touch); ``useful`` critiques flag the verifier's first wrong step. On
     a draft whose steps all check but miss the target that is the last step, though an
-    earlier operator may be the cause (a hidden slip): such a critique counts as other.
+    earlier operator, carried on, may be the cause: such a critique counts as other.
     """
     rejected = [(wrong, v is not None and v[0] == "wrong") for wrong, v in reviews]
     localized = [r for r in repairs if r["flagged"] is not None]
