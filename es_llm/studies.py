@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from es_llm.backends import BACKEND_NAMES
 from es_llm.compare.config import BudgetConfig
-from es_llm.config import check_choices, choice
+from es_llm.config import check_choices, choice, parse_override
 from es_llm.errors import BadInput
 from es_llm.evaluate import SamplingConfig
 from es_llm.runtime import Runtime
@@ -22,6 +22,14 @@ from es_llm.testbed.scaling import DOMAINS
 
 # The trainers a method of the experiment may use.
 KINDS = ("es", "grpo", "sft")
+# The settings of `es-llm compare` the experiment gives itself, and the fields it gives
+# them from; compare_overrides may set any other.
+SET_BY_EXPERIMENT = {
+    "models": "methods, seeds and references", "reference": "base model",
+    "task": "task, eval_data, eval_select and eval_limit", "sampling": "sampling",
+    "backend": "eval_backend", "runtime": "runtime", "temperatures": "temperatures",
+    "also_on": "never_seen_per_tier", "views_n": "views_n", "budget": "budget",
+    "conversion": "swarr"}
 
 
 @dataclass(frozen=True)
@@ -163,11 +171,16 @@ class ExperimentConfig:
     budget: BudgetConfig = field(default_factory=BudgetConfig)
     # SWARR: the window sweep and the study's table.
     swarr: WindowStudy = field(default_factory=WindowStudy)
+    # More settings of `es-llm compare` as key=value, for the sections the experiment does
+    # not set itself, e.g. geometry.enabled=true drift.enabled=true connectivity.n=8
+    # "connectivity.pairs=[reference:es@0,es@0:grpo@0]" (checked before anything runs).
+    compare_overrides: tuple[str, ...] = ()
 
     def __post_init__(self):
         check_choices(self)
         self._check_numbers()
         self._check_swarr()
+        self._check_compare_overrides()
         if not self.methods:
             raise BadInput("methods is empty; name at least one, e.g. methods: {es: {kind: es, "
                            "config: configs/es_countdown.yaml}}.")
@@ -189,6 +202,17 @@ class ExperimentConfig:
             if missing:
                 raise BadInput(f"methods.{name}.extend_seeds {missing} are not training seeds "
                                f"(seeds: {list(self.seeds)}).")
+
+    def _check_compare_overrides(self) -> None:
+        """BadInput for a comparison setting the experiment gives from its own fields."""
+        for text in self.compare_overrides:
+            top = parse_override(text)[0][0]
+            if top in SET_BY_EXPERIMENT:
+                raise BadInput(f"compare_overrides may not set {top} ({text!r}): the "
+                               f"experiment sets it from its own {SET_BY_EXPERIMENT[top]}. "
+                               f"compare_overrides is for the comparison's other sections "
+                               f"(geometry, connectivity, drift, blind_spot, testtime, "
+                               f"bootstrap, ...).")
 
     def _check_swarr(self) -> None:
         """BadInput for a sweep with nothing to sweep, or a table naming what is not there."""

@@ -124,7 +124,7 @@ def qwen_shaped_model(out: Path, device: str, dtype: str) -> Path:
     return out
 
 
-def in_process(cfg: ESRunConfig, repeats: int) -> dict:
+def in_process(cfg: ESRunConfig, repeats: int, loop_repeats: int) -> dict:
     edges, problems = build_edges(cfg, SerialComm())
     state = pes.init(cfg.es, edges.weights.master, cfg.seed)
     members = pes.ask(cfg.es, state)
@@ -162,7 +162,7 @@ def in_process(cfg: ESRunConfig, repeats: int) -> dict:
     t_plain = timed(lambda: [edges.backend.generate(prompts, params) for _ in members], 1)
     t_es = timed(lambda: evaluate_members(edges, state, members, batch, cfg), 1)
     rewards = evaluate_members(edges, state, members, batch, cfg)
-    loop = (against_plain_loop(edges, state, problems, cfg, repeats)
+    loop = (against_plain_loop(edges, state, problems, cfg, loop_repeats)
             if cfg.backend == "vllm" else None)
     # What crosses the wire in one exchange of 2 ranks (es_llm.comm.mpi): rank 1 sends rank 0
     # its members' rewards, rank 0 sends back every rank's.
@@ -468,6 +468,9 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=64, help="tokens per completion")
     ap.add_argument("--iterations", type=int, default=4, help="iterations per timed run")
     ap.add_argument("--repeats", type=int, default=5, help="repeats of the micro timings")
+    ap.add_argument("--loop-repeats", type=int, metavar="N",
+                    help="item 10: alternations of the two loops (default: --repeats); each "
+                         "is a whole iteration, long at large evaluation sizes")
     ap.add_argument("--skip-mpi", action="store_true", help="leave out item 4 (mpirun -n 2)")
     ap.add_argument("--lowrank", action="store_true",
                     help="measure low-rank ES (items 6-8) instead of items 1-5")
@@ -515,7 +518,7 @@ def main() -> None:
         runtime=Runtime(device=args.device, dtype=args.dtype),
         es=pes.ESConfig(population=args.population, sigma=0.01, lr=0.005, antithetic=True,
                         noise_device=args.noise_device)))
-    r = in_process(cfg, args.repeats)
+    r = in_process(cfg, args.repeats, args.loop_repeats or args.repeats)
     shutil.rmtree(tmp, ignore_errors=True)
     gpu = f", {torch.cuda.get_device_name()}" if args.device == "cuda" else ""
     print(f"{what} ({r['parameters']:,} evolving parameters), backend {args.backend}, "

@@ -2,7 +2,8 @@
 variants under mpirun, GRPO) from the same base at a matched budget of generated samples, each
 with several training seeds, continue chosen runs to a multiple of that budget, and compare
 every final checkpoint with the base model, with accuracy along the runs against samples and
-seconds.
+seconds. ``compare_overrides`` passes the comparison's other settings (e.g. its geometry,
+connectivity and drift sections) as key=value, checked with the rest before anything runs.
 
     python scripts/experiment.py --config configs/experiment_countdown.yaml --out runs/main
 
@@ -36,6 +37,8 @@ import shutil
 import sys
 from pathlib import Path
 
+from es_llm.compare.config import CompareConfig
+from es_llm.compare.connectivity import pair_labels
 from es_llm.config import MACHINE_KEY, dump_yaml, load_config, read_yaml, to_dict
 from es_llm.errors import BadInput
 from es_llm.es.command import RESUME_KEYS as ES_RESUME_KEYS
@@ -80,6 +83,12 @@ def plan(cfg: ExperimentConfig) -> dict[str, int | None]:
         check_windows(cfg)
         for overrides in testbed_builds(cfg).values():
             load_testbed_config(cfg.testbed, None, overrides)
+    try:
+        compare = load_config(CompareConfig, overrides=list(cfg.compare_overrides))
+        if compare.connectivity.enabled or compare.connectivity.pairs:
+            pair_labels(compare, model_names(cfg))
+    except BadInput as exc:
+        raise BadInput(f"compare_overrides (settings of `es-llm compare`): {exc}") from None
     if cfg.latent_revise.enabled:
         load_config(LatentReviseConfig, path=ROOT / cfg.latent_revise.config,
                     overrides=_with_out(cfg.latent_revise.overrides, "."))
@@ -156,6 +165,14 @@ def references(cfg: ExperimentConfig, out: Path) -> dict[str, Path]:
         else:
             refs[name] = base / folder
     return refs
+
+
+def model_names(cfg: ExperimentConfig) -> list[str]:
+    """The comparison's model names, as ``run`` gives them: base, the references, and every
+    arm's run per seed (<arm>@<seed>)."""
+    where = Path(".")  # only the names are wanted
+    return ["base", *references(cfg, where),
+            *(f"{arm}@{seed}" for arm in arms(cfg, where) for seed in cfg.seeds)]
 
 
 def conversion_overrides(cfg: ExperimentConfig) -> list[str]:
@@ -434,7 +451,7 @@ def compare_command(cfg: ExperimentConfig, out: Path, models: list[str], budget_
         cmd += ["--budget-runs", *budget_runs] + [
             f"budget.{k}=[{','.join(map(str, v))}]" if isinstance(v, list) else f"budget.{k}={v}"
             for k, v in settings.items()]
-    return cmd
+    return cmd + list(cfg.compare_overrides)
 
 
 def run(cfg: ExperimentConfig, out: Path) -> None:

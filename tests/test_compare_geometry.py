@@ -143,6 +143,8 @@ def test_settings_are_checked_and_turn_their_sections_on():
         ConnectivityConfig(alphas=(0.0, 0.5))
     with pytest.raises(BadInput, match="entries must be A:B"):
         ConnectivityConfig(pairs=("es@0",))
+    with pytest.raises(BadInput, match="connectivity.n must be at least 1"):
+        ConnectivityConfig(n=0)
     with pytest.raises(BadInput, match="geometry.tolerance"):
         GeometryConfig(tolerance=-1.0)
     on = CompareConfig(geometry=GeometryConfig(enabled=True),
@@ -245,6 +247,7 @@ def test_both_sections_end_to_end_on_the_ci_testbed(ci_testbed, tmp_path):
     assert pair["cosine"] == pytest.approx(float(d_es @ d_grpo / d_es.norm() / d_grpo.norm()))
     assert abs(pair["cosine"]) < 0.1  # independent noise: nearly orthogonal
     con = comp["connectivity"]
+    assert con["n"] == 2  # connectivity.n unset: the comparison's own n
     assert con["alphas"] == [0.0, 0.5, 1.0] and [(p["a"], p["b"]) for p in con["pairs"]] == [
         ("base", "es"), ("es", "grpo")]
     root = out / "samples" / "connectivity"

@@ -42,7 +42,8 @@ def test_each_method_spends_the_budget_in_its_own_steps():
 
     # ES: 8 members x 16 prompts; low-rank: 64 members x 4 prompts each; GRPO: 8 x 4.
     cfg = load_config(ExperimentConfig, path=CONFIG)
-    assert experiment.plan(cfg) == {"es": 256 // 128, "lowrank": 256 // 256, "grpo": 256 // 32}
+    assert experiment.plan(cfg) == {"es": 256 // 128, "lowrank": 256 // 256, "grpo": 256 // 32,
+                                    "es_anchor": 256 // 128}
 
 
 @pytest.mark.slow
@@ -50,7 +51,7 @@ def test_each_method_spends_the_budget_in_its_own_steps():
 def test_experiment_trains_every_method_at_a_matched_budget_and_compares_them(experiment):
     out, proc = experiment
     comp = json.loads((out / "compare" / "comparison.json").read_text())
-    methods = ("es", "lowrank", "grpo")
+    methods = ("es", "lowrank", "grpo", "es_anchor")
     assert set(comp["methods"]) == {"base", *methods}
     for method in methods:
         assert comp["methods"][method]["models"] == [f"{method}@{s}" for s in (0, 1, 2)]
@@ -94,11 +95,12 @@ def test_an_extended_run_continues_a_copy_and_the_budget_study_reads_every_check
     assert ((ext / "checkpoints" / "step_1" / "model.safetensors").read_bytes()
             == (runs / "lowrank-seed0" / "checkpoints" / "final" / "model.safetensors").read_bytes())
     study = json.loads((out / "compare" / "comparison.json").read_text())["budget_study"]
-    assert study["runs"] == {f"{m}@{s}": m for m in ("es", "lowrank", "grpo") for s in (0, 1, 2)}
+    assert study["runs"] == {f"{m}@{s}": m for m in ("es", "lowrank", "grpo", "es_anchor")
+                             for s in (0, 1, 2)}
     steps = {(r["method"], r["steps"]): r["seeds"] for r in study["rows"]}
     # ES: step_2 is final; low-rank: 1x for every seed, 2x for seed 0; GRPO: step_4 and final.
     assert steps == {("es", 2): 3, ("lowrank", 1): 3, ("lowrank", 2): 1, ("grpo", 4): 3,
-                     ("grpo", 8): 3}
+                     ("grpo", 8): 3, ("es_anchor", 2): 3}
     lowrank = {r["steps"]: r for r in study["rows"] if r["method"] == "lowrank"}
     assert lowrank[2]["samples"] == 512.0 and lowrank[1]["samples"] == 256.0
     # The 1x point of every seed is that run's final checkpoint, read again on never-seen
@@ -111,6 +113,39 @@ def test_an_extended_run_continues_a_copy_and_the_budget_study_reads_every_check
 
 @pytest.mark.slow
 @pytest.mark.mpi
+def test_the_report_says_what_training_did_to_the_weights_and_to_another_task(experiment):
+    """compare_overrides reach the comparison: the geometry of every trained model, the
+    chosen straight lines at connectivity.n samples per problem, and off-task drift of every
+    model and along every run, anchored ES beside plain ES."""
+    out, _ = experiment
+    comp = json.loads((out / "compare" / "comparison.json").read_text())
+    trained = {f"{m}@{s}" for m in ("es", "lowrank", "grpo", "es_anchor") for s in (0, 1, 2)}
+    assert set(comp["geometry"]["models"]) == trained
+    con = comp["connectivity"]
+    assert con["n"] == 1 and con["alphas"] == [0.0, 0.5, 1.0]
+    assert [(p["a"], p["b"]) for p in con["pairs"]] == [("base", "es@0"), ("es@0", "grpo@0")]
+    middle = read_jsonl(out / "compare" / "samples" / "connectivity" / "es@0_to_grpo@0"
+                        / "alpha_0.5" / "pass1" / "samples.jsonl")
+    assert len(middle) == 40  # one sample on each of the 40 problems, not sampling.n = 4
+    (task,) = comp["drift"]["tasks"]
+    assert set(task["models"]) == {"base", *trained}
+    assert task["models"]["base"]["change"]["diff"] == 0 and task["models"]["base"]["kl"] == 0
+    assert {r["label"] for r in comp["drift"]["runs"]} == trained
+    # The anchored arm ran with the decay from the same base and seeds as plain ES: the first
+    # iteration (theta = theta0, no pull yet) is the same, the final weights are not.
+    anchored, plain = (out / "runs" / "es_anchor-seed0", out / "runs" / "es-seed0")
+    assert "anchor_decay: 1.0" in (anchored / "config.yaml").read_text()
+    assert (read_jsonl(anchored / "ledger.jsonl")[0]["rewards_N"]
+            == read_jsonl(plain / "ledger.jsonl")[0]["rewards_N"])
+    final = "checkpoints/final/model.safetensors"
+    assert (anchored / final).read_bytes() != (plain / final).read_bytes()
+    report = (out / "compare" / "report.md").read_text()
+    for heading in ("## Update geometry", "## Linear connectivity", "## Off-task drift"):
+        assert heading in report
+
+
+@pytest.mark.slow
+@pytest.mark.mpi
 def test_rerunning_the_experiment_skips_what_is_done(experiment):
     out, _ = experiment
     before = (out / "runs" / "grpo-seed1" / "checkpoints" / "final" / "model.safetensors").read_bytes()
@@ -119,14 +154,16 @@ def test_rerunning_the_experiment_skips_what_is_done(experiment):
     commands = (out / "commands.txt").read_text()
     # Training ran once per method and seed, and the extension once (the first call); the
     # rerun only compared again.
-    assert commands.count("-m es_llm es ") == 7 and commands.count("-m es_llm grpo ") == 3
+    assert commands.count("-m es_llm es ") == 10 and commands.count("-m es_llm grpo ") == 3
     assert commands.count("-m es_llm es --resume") == 1
     assert commands.count("-m es_llm compare ") == 2
     # Every model's samples are reused: the main ones and five views (held-out greedy and
     # T = 0.6; never-seen greedy, T = 0.6 and T = 1; held-out T = 1 is the main comparison);
-    # and the budget study's greedy and sampled reads of the base model and of every
-    # checkpoint (3 ES, 4 low-rank, 6 GRPO).
-    assert proc.stdout.count("reusing") == 10 * 6 + 2 * (1 + 3 + 4 + 6)
+    # the budget study's greedy and sampled reads of the base model and of every checkpoint
+    # (3 ES, 4 low-rank, 6 GRPO, 3 anchored ES); and the drift section's greedy reads of every
+    # model and every checkpoint. (The connectivity points are new model folders each time,
+    # so they are read again.)
+    assert proc.stdout.count("reusing") == 13 * 6 + 2 * (1 + 3 + 4 + 6 + 3) + (13 + 16)
     assert commands.count("unseen_countdown.py") == 1
     after = (out / "runs" / "grpo-seed1" / "checkpoints" / "final" / "model.safetensors").read_bytes()
     assert before == after
@@ -178,7 +215,12 @@ def test_experiment_refuses_a_budget_the_methods_cannot_split(tmp_path):
     ("methods.es.kind=ppo", "'ppo'"),
     ("methods.lowrank.extend_seeds=[5]", "methods.lowrank.extend_seeds [5] are not training seeds"),
     ("budget.runs=[es@0=x]", "budget.runs is filled in by the experiment"),
-    ("methods.base={kind: es, config: configs/es_countdown_ci.yaml}", "must be letters")])
+    ("methods.base={kind: es, config: configs/es_countdown_ci.yaml}", "must be letters"),
+    ("compare_overrides=[sampling.n=2]", "compare_overrides may not set sampling"),
+    ("compare_overrides=[geometry.nonsense=1]", "compare_overrides (settings of `es-llm "
+                                                "compare`): unknown config key"),
+    ('compare_overrides=["connectivity.pairs=[es@7:grpo@0]"]',
+     "names 'es@7', which is no model of the comparison")])
 def test_bad_methods_are_refused_before_anything_runs(tmp_path, setting, message):
     proc = script("experiment.py", "--config", CONFIG, "--out", tmp_path / "x", setting)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr

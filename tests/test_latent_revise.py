@@ -19,8 +19,8 @@ from gradient.commands.recovery import (ANCHORS, ReviseSettings, prefix_steps, s
 from gradient.loop.batch import Rollout, RolloutBatch
 from es_llm.testbed.standins import ARCHITECTURES
 from gradient.maths.latent_revise import (AWAY_TERMS, RevisionProblem, continuation_logp,
-                                          frank_wolfe_step, hard_decode, revise, revise_loss,
-                                          soft_embeddings)
+                                          frank_wolfe_step, hard_decode, revise, revise_loss)
+from soft_prompts import one_hot_soft
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -100,10 +100,7 @@ def test_embeddings_prefill_at_the_one_hot_start_continues_as_the_token_prefix(a
     tok, model = hf.tokenizer, hf.model
     prompts = [tok("nums 7 3 4 make 25\n").input_ids + tok("7*3=21", add_special_tokens=False)
                .input_ids, tok("nums 2 9 make 11\n").input_ids]
-    V = model.get_input_embeddings().weight.shape[0]
-    with torch.no_grad():
-        soft = [soft_embeddings(model, torch.nn.functional.one_hot(torch.tensor(p), V).float())
-                for p in prompts]
+    soft = one_hot_soft(model, prompts)
     greedy = SamplingParams(n=1, temperature=0.0, max_tokens=12, seed=0, logprobs=True)
     by_ids = hf.generate(prompts, greedy)
     assert [r[0].token_ids for r in hf.generate(soft, greedy)] == [

@@ -21,7 +21,7 @@ def main(model_dir: str) -> None:
     from es_llm.backends.base import SamplingParams
     from es_llm.backends.vllm_backend import VLLMBackend
     from es_llm.runtime import Runtime
-    from gradient.maths.latent_revise import soft_embeddings
+    from soft_prompts import one_hot_soft
 
     engine = VLLMBackend(model_dir, runtime=Runtime(max_model_len=256),
                          engine_args={"enable_prompt_embeds": True})
@@ -30,10 +30,7 @@ def main(model_dir: str) -> None:
     texts = [("nums 7 3 4 make 25\n", "7*3=21 "), ("nums 2 9 5 make 13\n", "9-5=4 "),
              ("nums 8 6 make 2\n", ""), ("nums 1 4 6 9 make 20\n", "9+6=15 15+4=19 ")]
     prompts = [tok(p).input_ids + tok(x, add_special_tokens=False).input_ids for p, x in texts]
-    V = model.get_input_embeddings().weight.shape[0]
-    with torch.no_grad():
-        soft = [soft_embeddings(model, torch.nn.functional.one_hot(torch.tensor(p), V).float())
-                for p in prompts]
+    soft = one_hot_soft(model, prompts)
     greedy = SamplingParams(n=1, temperature=0.0, max_tokens=16, seed=0, logprobs=True)
     by_ids = engine.generate(prompts, greedy)
     by_embeds = engine.generate(soft, greedy)

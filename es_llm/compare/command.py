@@ -47,6 +47,7 @@ compared on problems the run trained on gets a warning, or exit status 2 with
            Flag("--connectivity-pairs", "connectivity.pairs", nargs="+", metavar="A:B"),
            Flag("--connectivity-alphas", "connectivity.alphas", type=float, nargs="+",
                 metavar="ALPHA"),
+           Flag("--connectivity-n", "connectivity.n", type=int, metavar="N"),
            Flag("--drift", "drift.enabled", const=True),
            Flag("--drift-tasks", "drift.tasks", nargs="+", metavar="[TASK=]FILE"),
            Flag("--drift-kl-prompts", "drift.kl_prompts", type=int, metavar="N")),

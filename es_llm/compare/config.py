@@ -124,8 +124,14 @@ class ConnectivityConfig:
     pairs: tuple[str, ...] = ()
     # Interpolation points in [0, 1]; 0 and 1 (the endpoints themselves) are required.
     alphas: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
+    # Samples per problem of the sampled pass@1 curve (null = sampling.n): every point of
+    # every pair is a model read in full, and pass@1 needs far fewer samples than pass@k.
+    n: int | None = None
 
     def __post_init__(self):
+        if self.n is not None and self.n < 1:
+            raise BadInput(f"connectivity.n must be at least 1 sample per problem (or null "
+                           f"for sampling.n), got {self.n}.")
         bad = [p for p in self.pairs if p.count(":") != 1 or "" in p.split(":")]
         if bad:
             raise BadInput(f"connectivity.pairs entries must be A:B (model names of the "

@@ -5,10 +5,11 @@ For a pair A:B and each alpha of ``connectivity.alphas``, the weights theta(alph
 (1 - alpha) theta_A + alpha theta_B are written to a temporary model folder (A's config and
 tokenizer beside them) and read like every other model of the comparison: greedily (one
 sample at T = 0) and sampled with the comparison's settings (pass@1, the mean correctness of
-the n samples). The barrier height is the largest drop of the accuracy curve below the
-straight line between its endpoints' accuracies (0 when the curve never dips below it), with
-a percentile bootstrap interval over problems. arXiv 2604.01499 reports that ES and GRPO
-solutions on Qwen3-4B are linearly connected without such a barrier.
+the n samples; ``connectivity.n`` samples per problem where set). The barrier height is the
+largest drop of the accuracy curve below the straight line between its endpoints' accuracies
+(0 when the curve never dips below it), with a percentile bootstrap interval over problems.
+arXiv 2604.01499 reports that ES and GRPO solutions on Qwen3-4B are linearly connected
+without such a barrier.
 
 The comparison section ``connectivity`` (enabled by ``connectivity.enabled`` or pairs) is at
 the end.
@@ -142,7 +143,8 @@ def read_pair(inp: SectionInput, pair: dict) -> dict:
     task = replace(cfg.task, data=pair["data"])
     views = {"greedy": replace(cfg, task=task,
                                sampling=replace(cfg.sampling, n=1, temperature=0.0)),
-             "pass@1": replace(cfg, task=task)}
+             "pass@1": replace(cfg, task=task, sampling=replace(
+                 cfg.sampling, n=cfg.connectivity.n or cfg.sampling.n))}
     values: dict[str, list[np.ndarray]] = {key: [] for key in views}
     for alpha in alphas_A:
         inp.echo(f"[compare] connectivity {pair['a']} -> {pair['b']}: alpha {alpha:g}")
@@ -181,8 +183,10 @@ class Connectivity:
 
 def compute(inp: SectionInput) -> Connectivity:
     """``inp.checked``: the pairs (``check``)."""
-    return Connectivity(sorted(set(inp.cfg.connectivity.alphas)), inp.cfg.sampling.n,
-                        inp.cfg.sampling.temperature, [read_pair(inp, p) for p in inp.checked])
+    cfg = inp.cfg
+    return Connectivity(sorted(set(cfg.connectivity.alphas)),
+                        cfg.connectivity.n or cfg.sampling.n, cfg.sampling.temperature,
+                        [read_pair(inp, p) for p in inp.checked])
 
 
 def figure(con: dict, path: Path) -> str:

@@ -77,12 +77,11 @@ def arm_cost(attempts: list[dict], revise_cost: dict, arm: str) -> dict:
     return cost
 
 
-def _arm(arm: str, attempts, zero, problems, revise_cost, rs_hits, rs_sample, rs_pass,
+def _arm(arm: str, hits: list[bool], attempts, zero, revise_cost, rs_hits, rs_sample, rs_pass,
          seconds, cfg, rng) -> dict:
-    """One arm's figures; ``rs_*``: resampling's per-prompt hits, per-sample success rate and
-    passes per sample."""
+    """One arm's figures; ``hits``: its ``arm_hits``; ``rs_*``: resampling's per-prompt hits,
+    per-sample success rate and passes per sample."""
     conts = [c for a in attempts for c in a[f"{arm}_continuations"]]
-    hits = arm_hits(attempts, zero, arm)
     cost = arm_cost(attempts, revise_cost, arm)
     recovery = float(np.mean(hits)) if hits else 0.0
     verified = {key[len("correct_"):]: _mean([c[key] for c in conts])
@@ -108,10 +107,10 @@ def recovery_metrics(cfg, arm_names, problems, zero, attempts, recovered, resamp
     rs_hits = [resampled[i] is not None for i in zero]
     rs_sample = (rs_tally["correct"] / rs_tally["samples"]) if rs_tally["samples"] else None
     rs_pass = sum(rs_cost.values()) / max(1, rs_tally["samples"])
-    arms = {arm: _arm(arm, attempts, zero, problems, revise_cost, rs_hits, rs_sample, rs_pass,
+    hits = {arm: arm_hits(attempts, zero, arm) for arm in arm_names}
+    arms = {arm: _arm(arm, hits[arm], attempts, zero, revise_cost, rs_hits, rs_sample, rs_pass,
                       seconds, cfg, rng) for arm in arm_names}
     chosen = arms[cfg.revise.continue_from]
-    hits = {arm: arm_hits(attempts, zero, arm) for arm in arm_names}
     # The gains from the rollout's own prefix (the first measurement) to the soft prefix
     # the revision ends at, and to its hard decoding.
     gain = [a["gold_logp"][-1] - a["gold_logp"][0] for a in attempts]
