@@ -320,6 +320,19 @@ class SFTStage:
 
 
 @dataclass(frozen=True)
+class Calibration:
+    # Before the grid: one cell (<size>-<steps>; null = no calibration) runs all its stages,
+    # and the study stops (exit 2, no other cell run) unless `method`'s post-training gain
+    # there, pass@1 of the seeds' mean minus the base's, has a 95% interval over problems
+    # above 0: a grid at a budget that moves no build measures the budget, not the builds.
+    cell: str | None = None
+    method: str = choice("grpo", lambda: ("grpo", "es"))
+
+    def __post_init__(self):
+        check_choices(self, "calibration.")
+
+
+@dataclass(frozen=True)
 class ScalingConfig:
     # The domain: countdown (the student's mix) or chess (the chess domain model).
     domain: str = choice("countdown", lambda: tuple(DOMAINS))
@@ -342,6 +355,12 @@ class ScalingConfig:
     seeds: tuple[int, ...] = (0,)
     more_seeds: tuple[int, ...] = (1, 2)
     more_seeds_for: tuple[str, ...] = ()
+    # The run seed of training seed k (prompt batches, sampling, noise): per_cell draws it
+    # from the cell's name and k, so builds see different batch orders; shared gives every
+    # build seed k, the same batches in the same order (their reward curves then share the
+    # batches' difficulty; the report's shared-batch correlation measures it).
+    batch_order: str = choice("per_cell", lambda: ("per_cell", "shared"))
+    calibration: Calibration = field(default_factory=Calibration)
     # How every model is sampled on the held-out set (pass@1 and pass@n), on how many
     # problems (null = all) and with which backend.
     eval: SamplingConfig = field(default_factory=lambda: SamplingConfig(n=16))
@@ -366,6 +385,10 @@ class ScalingConfig:
         if unknown:
             raise BadInput(f"more_seeds_for names {unknown}, which are not cells of the grid "
                            f"({', '.join(self.cells())}).")
+        if self.calibration.cell is not None and self.calibration.cell not in self.cells():
+            raise BadInput(f"calibration.cell names {self.calibration.cell!r}, which is not a "
+                           f"cell of the grid ({', '.join(self.cells())}); give one, or null "
+                           f"for no calibration.")
         if self.heldout_examples < 1 or self.ranks < 1 or self.bootstrap < 10:
             raise BadInput("heldout_examples and ranks must be >= 1 and bootstrap >= 10.")
         if self.eval_limit is not None and (isinstance(self.eval_limit, bool)

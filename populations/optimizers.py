@@ -17,6 +17,12 @@ The last term is anchored weight decay (Schweighofer et al. 2026; decoupled as i
 Loshchilov & Hutter 2019, but pulling toward the initial weights theta0 instead of 0, so
 it limits drift from the base model without shrinking it). theta0 is stored in the state
 when ``anchor_decay > 0``.
+
+Departure from the source's code: it shrinks the displacement after adding the step,
+theta' = theta0 + (1 - lr * lambda) * (theta + lr * u - theta0); here the pre-step
+displacement is decayed (as AdamW does), which differs by lr^2 * anchor_decay * u, second
+order in lr. Its shipped run pulls by lr * lambda = 5e-4 * 10 = 0.5% of the displacement per
+iteration; es-llm's ES configs (lr 0.005) get the same pull at ``anchor_decay = 1.0``.
 """
 
 from __future__ import annotations

@@ -71,6 +71,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import plain_vllm_es  # noqa: E402
 
 
+def at_least_one(text: str) -> int:
+    """A count of repeats from the command line (argparse exits 2 on anything else)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"needs a whole number of at least 1, got {text!r}")
+    return value
+
+
 def timed(fn, repeats: int) -> float:
     times = []
     for _ in range(repeats):
@@ -467,8 +478,8 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=64, help="prompts per member")
     ap.add_argument("--max-tokens", type=int, default=64, help="tokens per completion")
     ap.add_argument("--iterations", type=int, default=4, help="iterations per timed run")
-    ap.add_argument("--repeats", type=int, default=5, help="repeats of the micro timings")
-    ap.add_argument("--loop-repeats", type=int, metavar="N",
+    ap.add_argument("--repeats", type=at_least_one, default=5, help="repeats of the micro timings")
+    ap.add_argument("--loop-repeats", type=at_least_one, metavar="N",
                     help="item 10: alternations of the two loops (default: --repeats); each "
                          "is a whole iteration, long at large evaluation sizes")
     ap.add_argument("--skip-mpi", action="store_true", help="leave out item 4 (mpirun -n 2)")
@@ -518,7 +529,8 @@ def main() -> None:
         runtime=Runtime(device=args.device, dtype=args.dtype),
         es=pes.ESConfig(population=args.population, sigma=0.01, lr=0.005, antithetic=True,
                         noise_device=args.noise_device)))
-    r = in_process(cfg, args.repeats, args.loop_repeats or args.repeats)
+    loop_repeats = args.repeats if args.loop_repeats is None else args.loop_repeats
+    r = in_process(cfg, args.repeats, loop_repeats)
     shutil.rmtree(tmp, ignore_errors=True)
     gpu = f", {torch.cuda.get_device_name()}" if args.device == "cuda" else ""
     print(f"{what} ({r['parameters']:,} evolving parameters), backend {args.backend}, "

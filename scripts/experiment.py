@@ -167,12 +167,17 @@ def references(cfg: ExperimentConfig, out: Path) -> dict[str, Path]:
     return refs
 
 
+def run_name(arm: str, seed: int) -> str:
+    """The comparison's name of one arm's run from one training seed."""
+    return f"{arm}@{seed}"
+
+
 def model_names(cfg: ExperimentConfig) -> list[str]:
     """The comparison's model names, as ``run`` gives them: base, the references, and every
-    arm's run per seed (<arm>@<seed>)."""
+    arm's run per seed (``run_name``)."""
     where = Path(".")  # only the names are wanted
     return ["base", *references(cfg, where),
-            *(f"{arm}@{seed}" for arm in arms(cfg, where) for seed in cfg.seeds)]
+            *(run_name(arm, seed) for arm in arms(cfg, where) for seed in cfg.seeds)]
 
 
 def conversion_overrides(cfg: ExperimentConfig) -> list[str]:
@@ -481,7 +486,7 @@ def run(cfg: ExperimentConfig, out: Path) -> None:
             cmd = training_command(method, cfg, seed, steps[method_name], start, folder, out)
             if cmd:
                 runner(cmd)
-            models.append(f"{name}@{seed}={folder / 'checkpoints' / 'final'}")
+            models.append(f"{run_name(name, seed)}={folder / 'checkpoints' / 'final'}")
             along = folder
             if method.kind == "sft":
                 continue
@@ -490,7 +495,7 @@ def run(cfg: ExperimentConfig, out: Path) -> None:
                 cmd = extension_command(method, cfg, steps[method_name], folder, along)
                 if cmd:
                     runner(cmd)
-            budget_runs.append(f"{name}@{seed}={along}")
+            budget_runs.append(f"{run_name(name, seed)}={along}")
     never_seen = None
     if cfg.never_seen_per_tier:
         never_seen = out / "never_seen.jsonl"

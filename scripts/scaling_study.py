@@ -18,11 +18,18 @@ tokens, the base's reference log-probabilities), OUT/sft/<cell>/,
 OUT/runs/<cell>/<method>-seed<k>/, OUT/eval/<cell>/<model>/, OUT/stage_times.jsonl (each
 stage's seconds) and the report in OUT/report/ (report.md, report.html, figures/,
 scaling.json with every number).
+
+Training seed k of a build trains with a run seed drawn from the build's name and k
+(``batch_order: per_cell``), so builds do not share prompt batches; ``shared`` gives every
+build seed k. With ``calibration.cell`` set, that build runs first, and the study stops
+(exit 2, OUT/calibration.json written, no other build started) unless the post-training gain
+there has a 95% interval above 0.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import shutil
 import sys
@@ -82,7 +89,8 @@ def check(cfg: ScalingConfig, out: Path | None = None) -> None:
 
 # Settings whose change makes every finished SFT run, training run, evaluation or study.json
 # in an existing --out stale; sizes, pretrain_steps and seeds only add or drop cells.
-STAGE_SETTINGS = ("domain", "heldout_examples", "sft", "grpo", "es", "eval", "eval_limit")
+STAGE_SETTINGS = ("domain", "heldout_examples", "sft", "grpo", "es", "eval", "eval_limit",
+                  "batch_order")
 
 
 def check_reused_stages(cfg: ScalingConfig, out: Path | None) -> None:
@@ -93,14 +101,27 @@ def check_reused_stages(cfg: ScalingConfig, out: Path | None) -> None:
         return
     import yaml
 
-    before, now = yaml.safe_load(previous.read_text()) or {}, to_dict(cfg)
+    # A study written before batch_order existed gave every build the same batches.
+    before = {"batch_order": "shared", **(yaml.safe_load(previous.read_text()) or {})}
+    now = to_dict(cfg)
     changed = [key for key in STAGE_SETTINGS if before.get(key) != now[key]]
     if changed:
         raise BadInput(f"{out} holds a study run with other {', '.join(changed)} than this "
                        f"config gives (see {previous}); its finished stages would be reused "
                        f"under the new settings. Use another --out, or set them back; "
                        f"settings that may change between reruns: sizes, pretrain_steps, "
-                       f"seeds, more_seeds, more_seeds_for, ranks, eval_backend, bootstrap.")
+                       f"seeds, more_seeds, more_seeds_for, ranks, eval_backend, bootstrap, "
+                       f"calibration.")
+
+
+def run_seed(cfg: ScalingConfig, cell: str, seed: int) -> int:
+    """The trainer's seed for training seed ``seed`` of ``cell`` (``batch_order``): ``seed``
+    itself when builds share batch orders, else a 31-bit number drawn from both."""
+    if cfg.batch_order == "shared":
+        return seed
+    digest = hashlib.blake2b(f"{cell}:{seed}".encode(), digest_size=4,
+                             person=b"es-llm/batches").digest()
+    return int.from_bytes(digest, "little") & 0x7FFFFFFF
 
 
 def measure(cfg: ScalingConfig, build: Path, base: Path, size: str, steps: int) -> dict:
@@ -199,8 +220,8 @@ def run_cell(cfg: ScalingConfig, out: Path, size: str, steps: int, run) -> dict:
                 shutil.rmtree(out / "eval" / cell / f"{kind}@{seed}", ignore_errors=True)
                 run(es_llm_command(kind, cfg.ranks) + [
                     "--config", ROOT / trainer.config, "--out", run_dir, "--no-progress",
-                    f"model={base}", f"seed={seed}", f"{key}={trainer.length}",
-                    *trainer.overrides])
+                    f"model={base}", f"seed={run_seed(cfg, cell, seed)}",
+                    f"{key}={trainer.length}", *trainer.overrides])
             models[f"{kind}@{seed}"] = run_dir / "checkpoints" / "final"
     for name, model in models.items():
         seed = cfg.eval.seed + 1 if name == NULL_ARM else cfg.eval.seed
@@ -236,6 +257,34 @@ def collect(study: dict, out: Path, models: dict) -> dict:
     return result
 
 
+def calibrate(cfg: ScalingConfig, out: Path, runner) -> dict:
+    """Every stage of the calibration cell, its post-training gain (OUT/calibration.json);
+    BadInput, before any other cell runs, unless the gain's interval lies above 0."""
+    from es_llm.compare.scaling import post_training_gain
+
+    c = cfg.calibration
+    size, steps = c.cell.rsplit("-", 1)
+    cell = run_cell(cfg, out, size, int(steps), runner)
+    gain = post_training_gain(cell, c.method, np.random.default_rng(cfg.eval.seed),
+                              cfg.bootstrap)
+    write_json_atomic(out / "calibration.json", gain)
+    lo, hi = gain["ci95"]
+    print(f"[scaling] calibration {c.cell}: {c.method} {gain['gain_points']:+.1f} points of "
+          f"pass@1 [{lo:+.1f}, {hi:+.1f}] over the base ({gain['seeds']} seed(s), "
+          f"{gain['problems']} problems)")
+    if lo <= 0:
+        raise BadInput(f"the calibration build {c.cell} shows no post-training gain: "
+                       f"{c.method} changes pass@1 by {gain['gain_points']:+.1f} points "
+                       f"[{lo:+.1f}, {hi:+.1f}] over its base, an interval that does not lie "
+                       f"above 0, so the grid would measure a budget too small to move the "
+                       f"models rather than the builds. Nothing past the calibration ran "
+                       f"(its stages and {out / 'calibration.json'} are kept). Raise the "
+                       f"budget ({c.method}.length, or the trainer's overrides), start from "
+                       f"bases with headroom (testbed: habits), or set calibration.cell: null "
+                       f"to run the grid anyway.")
+    return gain
+
+
 def run(cfg: ScalingConfig, out: Path) -> dict:
     """Every cell of the grid (``check`` has passed), then the analysis and report."""
     from es_llm.compare import scaling
@@ -251,6 +300,8 @@ def run(cfg: ScalingConfig, out: Path) -> dict:
         tb = load_testbed_config(cfg.testbed, None, list(cfg.testbed_overrides))
         write_jsonl_atomic(out / "sft_traces.jsonl", sft_traces(tb, cfg.sft.traces, tb.seed))
     t0 = time.time()
+    if cfg.calibration.cell is not None:
+        calibrate(cfg, out, runner)
     cells = [run_cell(cfg, out, size, steps, runner)
              for size in cfg.sizes for steps in cfg.pretrain_steps]
     result = scaling.analyze(cells, np.random.default_rng(cfg.eval.seed), cfg.bootstrap)

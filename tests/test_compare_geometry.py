@@ -214,7 +214,7 @@ def test_bad_input_is_one_paragraph_with_status_2_and_nothing_written(standin, t
 
 
 @pytest.mark.slow
-def test_both_sections_end_to_end_on_the_ci_testbed(ci_testbed, tmp_path):
+def test_both_sections_end_to_end_on_the_ci_testbed(ci_testbed, tmp_path, capsys):
     """Two perturbed copies of the ci testbed against it: the geometry of the known
     perturbations, and interpolation that reads each endpoint exactly as the model itself."""
     noise = {}
@@ -228,11 +228,11 @@ def test_both_sections_end_to_end_on_the_ci_testbed(ci_testbed, tmp_path):
         save_file({k: v + noise[name].get(k, 0) for k, v in tensors.items()},
                   str(folder / "model.safetensors"), metadata={"format": "pt"})
     out = tmp_path / "r"
-    assert main(["compare", "--models", f"base={ci_testbed}", f"es={tmp_path / 'es'}",
-                 f"grpo={tmp_path / 'grpo'}", "--task", "countdown", "--n", "2", "--limit", "4",
-                 "--backend", "hf", "--geometry", "--connectivity-pairs", "reference:es",
-                 "es:grpo", "--connectivity-alphas", "0", "0.5", "1", "--out", str(out),
-                 "--no-progress"]) == 0
+    argv = ["compare", "--models", f"base={ci_testbed}", f"es={tmp_path / 'es'}",
+            f"grpo={tmp_path / 'grpo'}", "--task", "countdown", "--n", "2", "--limit", "4",
+            "--backend", "hf", "--geometry", "--connectivity-pairs", "reference:es", "es:grpo",
+            "--connectivity-alphas", "0", "0.5", "1", "--out", str(out), "--no-progress"]
+    assert main(argv) == 0
     comp = json.loads((out / "comparison.json").read_text())
     base = load_file(str(ci_testbed / "model.safetensors"))
     geo = comp["geometry"]
@@ -276,3 +276,12 @@ def test_both_sections_end_to_end_on_the_ci_testbed(ci_testbed, tmp_path):
     assert "## Update geometry" in report and "## Linear connectivity" in report
     assert (out / "figures" / "geometry.png").stat().st_size > 0
     assert (out / "figures" / "connectivity.png").stat().st_size > 0
+    # theta(alpha) is removed once read, and a rerun reads none of the 3 points of the 2
+    # pairs again (greedy and sampled): their samples name the same model folder.
+    assert not list(root.glob("*/alpha_*/model"))
+    capsys.readouterr()
+    assert main(argv) == 0
+    reused = [line for line in capsys.readouterr().out.splitlines()
+              if " at " in line and "reusing" in line]
+    assert len(reused) == 2 * 3 * 2, reused
+    assert json.loads((out / "comparison.json").read_text())["connectivity"] == con

@@ -160,10 +160,11 @@ def test_rerunning_the_experiment_skips_what_is_done(experiment):
     # Every model's samples are reused: the main ones and five views (held-out greedy and
     # T = 0.6; never-seen greedy, T = 0.6 and T = 1; held-out T = 1 is the main comparison);
     # the budget study's greedy and sampled reads of the base model and of every checkpoint
-    # (3 ES, 4 low-rank, 6 GRPO, 3 anchored ES); and the drift section's greedy reads of every
-    # model and every checkpoint. (The connectivity points are new model folders each time,
-    # so they are read again.)
-    assert proc.stdout.count("reusing") == 13 * 6 + 2 * (1 + 3 + 4 + 6 + 3) + (13 + 16)
+    # (3 ES, 4 low-rank, 6 GRPO, 3 anchored ES); the drift section's greedy reads of every
+    # model and every checkpoint; and connectivity's greedy and sampled reads of 3 points on
+    # each of 2 pairs (theta(alpha) is written to the same folder again).
+    assert proc.stdout.count("reusing") == (13 * 6 + 2 * (1 + 3 + 4 + 6 + 3) + (13 + 16)
+                                            + 2 * 3 * 2)
     assert commands.count("unseen_countdown.py") == 1
     after = (out / "runs" / "grpo-seed1" / "checkpoints" / "final" / "model.safetensors").read_bytes()
     assert before == after

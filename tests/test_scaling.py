@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,7 @@ import numpy as np
 import pytest
 from unusable_outs import KINDS, unusable_out, untouched
 
-from es_llm.compare.scaling import (analyze, difficulty_change, run_slope,
+from es_llm.compare.scaling import (analyze, difficulty_change, post_training_gain, run_slope,
                                     shared_batch_correlation)
 from es_llm.errors import BadInput
 from es_llm.metrics.fits import curve_slope, line_band, linear_fit
@@ -131,6 +132,32 @@ def test_analysis_fits_across_builds():
     assert r["shared_batches"]["grpo"] is None  # two-step curves: no correlation
 
 
+def test_post_training_gain_is_the_seeds_mean_against_the_base_by_hand():
+    # n = 4 on three problems: base 0, 1, 2 correct; GRPO seed 0 1, 1, 4 and seed 1 3, 1, 2:
+    # seeds' mean 2, 1, 3 -> per-problem gains +50, 0, +25 points, mean +25.
+    cell = _cell([0.0] * 3, base=[0, 1, 2], grpo=[1, 1, 4], es=[0, 1, 2])
+    cell["models"]["grpo@1"] = {"n": 4, "pass@1": 0.5, "pass@k": 0.0, "correct_P": [3, 1, 2]}
+    g = post_training_gain(cell, "grpo", np.random.default_rng(0), 200)
+    assert (g["gain_points"], g["seeds"], g["problems"]) == (pytest.approx(25.0), 2, 3)
+    assert 0 <= g["ci95"][0] <= 25 <= g["ci95"][1] <= 50
+    # ES changes nothing: a zero gain with a zero-width interval.
+    assert post_training_gain(cell, "es", np.random.default_rng(0), 200)["ci95"] == [0.0, 0.0]
+
+
+def test_run_seeds_share_batches_only_when_asked():
+    study = _script()
+    from es_llm.config import load_config
+
+    per_cell = load_config(ScalingConfig, path=CI_CONFIG)
+    shared = load_config(ScalingConfig, path=CI_CONFIG, overrides=["batch_order=shared"])
+    assert per_cell.batch_order == "per_cell"
+    seeds = {(c, k): study.run_seed(per_cell, c, k) for c in per_cell.cells() for k in (0, 1)}
+    assert len(set(seeds.values())) == len(seeds)  # every build and seed its own order
+    assert all(0 <= v < 2**31 for v in seeds.values())
+    assert study.run_seed(per_cell, "s-60", 0) == seeds[("s-60", 0)]  # a pure function
+    assert [study.run_seed(shared, c, 1) for c in shared.cells()] == [1] * 4
+
+
 def test_shared_batches_correlate_the_builds_curves_by_hand():
     # Seed 0: curves (0, 1, 0) and (0, 2, 1): deviations (-1/3, 2/3, -1/3) and (-1, 1, 0),
     # covariance 1, norms^2 2/3 and 2 -> r = sqrt(3)/2; a constant curve has none. Seed 1
@@ -218,6 +245,18 @@ def test_ci_grid_runs_end_to_end_and_its_report_equals_its_json(study):
     # The chosen cell has the extra seed of the ci config (more_seeds: [1]); the others one.
     assert sorted(p.name for p in (study / "runs" / "m-120").iterdir()) == [
         "es-seed0", "es-seed1", "grpo-seed0", "grpo-seed1"]
+    # Each build's runs trained on a seed of its own (batch_order: per_cell), so the builds
+    # saw different prompt batches.
+    study_script = _script()
+    used = {}
+    for b in builds:
+        run_cfg = (study / "runs" / b["cell"] / "grpo-seed0" / "config.yaml").read_text()
+        used[b["cell"]] = next(int(line.split(":")[1]) for line in run_cfg.splitlines()
+                               if line.startswith("seed:"))
+    from es_llm.config import load_config
+    ci = load_config(ScalingConfig, path=CI_CONFIG)
+    assert used == {b["cell"]: study_script.run_seed(ci, b["cell"], 0) for b in builds}
+    assert len(set(used.values())) == len(builds)
     for name in ("accuracy_vs_loss.png", "slope_vs_tokens.png", "difficulty.png"):
         assert (study / "report" / "figures" / name).stat().st_size > 5_000
     assert (study / "report" / "report.html").is_file()
@@ -245,6 +284,33 @@ def test_rerunning_the_study_skips_every_finished_stage(study):
     assert (study / "report" / "scaling.json").read_bytes() == report
 
 
+@pytest.mark.slow
+def test_a_calibration_build_that_post_training_does_not_move_stops_the_study(study, tmp_path):
+    # At ci size 2 GRPO steps move nothing. A copy of the finished study holding only the
+    # calibration cell s-60 (its stages are reused): the study says so and stops before it
+    # builds any other cell or writes a report.
+    out = tmp_path / "out"
+    shutil.copytree(study, out)
+    for part in ("builds", "sft", "runs", "eval"):
+        for cell in ("s-120", "m-60", "m-120"):
+            shutil.rmtree(out / part / cell, ignore_errors=True)
+    shutil.rmtree(out / "report")
+    commands = (out / "commands.txt").read_text()
+    proc = _study("--config", CI_CONFIG, "--out", out, "calibration.cell=s-60")
+    assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
+    gain = json.loads((out / "calibration.json").read_text())
+    assert gain["cell"] == "s-60" and gain["method"] == "grpo" and gain["ci95"][0] <= 0
+    assert "shows no post-training gain" in proc.stderr and proc.stderr.count("\n") == 1
+    assert f"{gain['gain_points']:+.1f} points" in proc.stderr
+    assert (out / "commands.txt").read_text() == commands  # nothing ran, nothing built
+    assert [p.name for p in (out / "builds").iterdir()] == ["s-60"]
+    assert not (out / "report").exists()
+    # The gain is the study's own numbers: GRPO's pass@1 on s-60 minus the base's.
+    report = json.loads((study / "report" / "scaling.json").read_text())
+    row = next(b for b in report["builds"] if b["cell"] == "s-60")
+    assert gain["gain_points"] == pytest.approx(100 * (row["grpo_pass@1"] - row["base_pass@1"]))
+
+
 @pytest.mark.parametrize("setting, message", [
     ("sizes={}", "the grid is empty"),
     ("pretrain_steps=[]", "the grid is empty"),
@@ -253,6 +319,9 @@ def test_rerunning_the_study_skips_every_finished_stage(study):
     ("domain=arithmetic", "'arithmetic'"),
     ("more_seeds_for=[z-1]", "not cells of the grid"),
     ("eval_limit=0", "eval_limit must be a whole number"),
+    ("calibration.cell=z-1", "calibration.cell names 'z-1'"),
+    ("calibration.method=sft", "unknown calibration.method 'sft'"),
+    ("batch_order=sorted", "unknown batch_order 'sorted'"),
 ])
 def test_bad_grids_are_refused_before_anything_is_written(setting, message, tmp_path, capsys):
     study = _script()
@@ -279,12 +348,13 @@ def test_a_grown_grid_reuses_stages_but_other_stage_settings_are_refused(tmp_pat
     cfg = load_config(ScalingConfig, path=CI_CONFIG)
     (tmp_path / "scaling.yaml").write_text(dump_yaml(cfg))
     for grown in (["seeds=[0,3]"], ["pretrain_steps=[60,120,240]"], ["bootstrap=50"],
-                  ["more_seeds_for=[s-60]"]):
+                  ["more_seeds_for=[s-60]"], ["calibration.cell=m-120"]):
         study.check_reused_stages(load_config(ScalingConfig, path=CI_CONFIG,
                                               overrides=grown), tmp_path)
     for changed, named in ((["eval_limit=3"], "eval_limit"), (["sft.lr=0.001"], "sft"),
                            (["es.overrides=[es.sigma=0.01]"], "es"),
-                           (["heldout_examples=7", "eval.seed=1"], "heldout_examples, eval ")):
+                           (["heldout_examples=7", "eval.seed=1"], "heldout_examples, eval "),
+                           (["batch_order=shared"], "batch_order")):
         with pytest.raises(BadInput, match=named):
             study.check_reused_stages(load_config(ScalingConfig, path=CI_CONFIG,
                                                   overrides=changed), tmp_path)

@@ -18,7 +18,6 @@ the end.
 from __future__ import annotations
 
 import shutil
-import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -135,6 +134,11 @@ def write_interpolated(folder_a: Path, folder_b: Path, alpha: float, dest: Path)
     return dest
 
 
+def samples_per_problem(cfg: CompareConfig) -> int:
+    """The sampled curve's n: ``connectivity.n``, or the comparison's ``--n`` when unset."""
+    return cfg.connectivity.n or cfg.sampling.n
+
+
 def read_pair(inp: SectionInput, pair: dict) -> dict:
     """Greedy and sampled reads of theta(alpha) for every alpha of one pair (samples under
     OUT/samples/connectivity/A_to_B/), and both curves' barriers."""
@@ -143,23 +147,26 @@ def read_pair(inp: SectionInput, pair: dict) -> dict:
     task = replace(cfg.task, data=pair["data"])
     views = {"greedy": replace(cfg, task=task,
                                sampling=replace(cfg.sampling, n=1, temperature=0.0)),
-             "pass@1": replace(cfg, task=task, sampling=replace(
-                 cfg.sampling, n=cfg.connectivity.n or cfg.sampling.n))}
+             "pass@1": replace(cfg, task=task,
+                               sampling=replace(cfg.sampling, n=samples_per_problem(cfg)))}
     values: dict[str, list[np.ndarray]] = {key: [] for key in views}
     for alpha in alphas_A:
         inp.echo(f"[compare] connectivity {pair['a']} -> {pair['b']}: alpha {alpha:g}")
-        # Beside the comparison's output, on the disk chosen for large files, and removed
-        # once read.
-        with tempfile.TemporaryDirectory(dir=inp.out) as tmp:
-            model = write_interpolated(pair["folder_a"], pair["folder_b"], float(alpha),
-                                       Path(tmp) / "model")
+        point = (inp.out / "samples" / "connectivity" / f"{pair['a']}_to_{pair['b']}"
+                 / f"alpha_{alpha:g}")
+        # theta(alpha) is written to the same folder on every run of the comparison, so a
+        # rerun reuses the point's samples (they record the model's path); it sits beside
+        # the output, on the disk chosen for large files, and is removed once read.
+        model = write_interpolated(pair["folder_a"], pair["folder_b"], float(alpha),
+                                   point / "model")
+        try:
             for key, view in views.items():
-                folder = (inp.out / "samples" / "connectivity" / f"{pair['a']}_to_{pair['b']}"
-                          / f"alpha_{alpha:g}" / key.replace("@", ""))
                 correct = read_correct(sample_model(f"{pair['a']}:{pair['b']} at {alpha:g}",
-                                                    model, view, folder, inp.progress)
-                                       / "samples.jsonl")
+                                                    model, view, point / key.replace("@", ""),
+                                                    inp.progress) / "samples.jsonl")
                 values[key].append(np.array([np.mean(correct[i]) for i in sorted(correct)]))
+        finally:
+            shutil.rmtree(model, ignore_errors=True)
     rng = inp.rng()
     return {"a": pair["a"], "b": pair["b"], "data": pair["data"],
             "num_problems": len(values["greedy"][0]),
@@ -185,7 +192,7 @@ def compute(inp: SectionInput) -> Connectivity:
     """``inp.checked``: the pairs (``check``)."""
     cfg = inp.cfg
     return Connectivity(sorted(set(cfg.connectivity.alphas)),
-                        cfg.connectivity.n or cfg.sampling.n, cfg.sampling.temperature,
+                        samples_per_problem(cfg), cfg.sampling.temperature,
                         [read_pair(inp, p) for p in inp.checked])
 
 

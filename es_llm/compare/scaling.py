@@ -172,6 +172,25 @@ def difficulty_change(cells: list[dict], rng: np.random.Generator, resamples: in
     return out
 
 
+def post_training_gain(cell: dict, method: str, rng: np.random.Generator,
+                       resamples: int) -> dict:
+    """The calibration's number: pass@1 of ``method`` (its seeds' mean per problem) minus the
+    base's, in points, with a 95% bootstrap interval over the problems (paired: both on the
+    same problems and sampling seed). ``cell`` is one collected build (``correct_P`` and
+    ``n`` per model)."""
+    models = cell["models"]
+    runs = [m for name, m in models.items() if name.split("@")[0] == method]
+    if not runs:
+        raise ValueError(f"cell {cell['cell']} has no {method} run")
+    trained_P = np.mean([np.asarray(m["correct_P"]) / m["n"] for m in runs], axis=0)
+    base_P = np.asarray(models["base"]["correct_P"]) / models["base"]["n"]
+    diff_P = 100.0 * (trained_P - base_P)
+    lo, hi = bootstrap_ci(diff_P, rng, resamples)
+    return {"cell": cell["cell"], "method": method, "seeds": len(runs),
+            "problems": int(diff_P.size), "gain_points": float(diff_P.mean()),
+            "ci95": [float(lo), float(hi)]}
+
+
 def analyze(cells: list[dict], rng: np.random.Generator, resamples: int = 1000) -> dict:
     """Everything the report shows, JSON-ready, from the collected builds."""
     rows = build_rows(cells)
