@@ -248,12 +248,9 @@ def test_ci_grid_runs_end_to_end_and_its_report_equals_its_json(study):
     # Each build's runs trained on a seed of its own (batch_order: per_cell), so the builds
     # saw different prompt batches.
     study_script = _script()
-    used = {}
-    for b in builds:
-        run_cfg = (study / "runs" / b["cell"] / "grpo-seed0" / "config.yaml").read_text()
-        used[b["cell"]] = next(int(line.split(":")[1]) for line in run_cfg.splitlines()
-                               if line.startswith("seed:"))
-    from es_llm.config import load_config
+    from es_llm.config import load_config, read_yaml
+    used = {b["cell"]: read_yaml(study / "runs" / b["cell"] / "grpo-seed0"
+                                 / "config.yaml")["seed"] for b in builds}
     ci = load_config(ScalingConfig, path=CI_CONFIG)
     assert used == {b["cell"]: study_script.run_seed(ci, b["cell"], 0) for b in builds}
     assert len(set(used.values())) == len(builds)
