@@ -258,8 +258,9 @@ def collect(study: dict, out: Path, models: dict) -> dict:
 
 
 def calibrate(cfg: ScalingConfig, out: Path, runner) -> dict:
-    """Every stage of the calibration cell, its post-training gain (OUT/calibration.json);
-    BadInput, before any other cell runs, unless the gain's interval lies above 0."""
+    """Every stage of the calibration cell and its post-training gain (OUT/calibration.json);
+    the cell's collected numbers, or BadInput, before any other cell runs, unless the gain's
+    interval lies above 0."""
     from es_llm.compare.scaling import post_training_gain
 
     c = cfg.calibration
@@ -282,7 +283,7 @@ def calibrate(cfg: ScalingConfig, out: Path, runner) -> dict:
                        f"budget ({c.method}.length, or the trainer's overrides), start from "
                        f"bases with headroom (testbed: habits), or set calibration.cell: null "
                        f"to run the grid anyway.")
-    return gain
+    return cell
 
 
 def run(cfg: ScalingConfig, out: Path) -> dict:
@@ -300,9 +301,10 @@ def run(cfg: ScalingConfig, out: Path) -> dict:
         tb = load_testbed_config(cfg.testbed, None, list(cfg.testbed_overrides))
         write_jsonl_atomic(out / "sft_traces.jsonl", sft_traces(tb, cfg.sft.traces, tb.seed))
     t0 = time.time()
+    done = {}  # the calibration cell is collected once
     if cfg.calibration.cell is not None:
-        calibrate(cfg, out, runner)
-    cells = [run_cell(cfg, out, size, steps, runner)
+        done[cfg.calibration.cell] = calibrate(cfg, out, runner)
+    cells = [done.get(f"{size}-{steps}") or run_cell(cfg, out, size, steps, runner)
              for size in cfg.sizes for steps in cfg.pretrain_steps]
     result = scaling.analyze(cells, np.random.default_rng(cfg.eval.seed), cfg.bootstrap)
     result["config"] = to_dict(cfg)

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 
@@ -22,3 +23,34 @@ def test_bench_es_refuses_a_count_below_one(option, value, tmp_path):
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert option in proc.stderr and "at least 1" in proc.stderr and value in proc.stderr
     assert not (tmp_path / "cache").exists()  # nothing built
+
+
+def test_bench_es_times_the_engine_without_generating_again(ci_testbed):
+    # Item 1's engine share evaluates every member with generation replayed: the timed
+    # evaluations must never reach the backend, and must leave the master served.
+    sys.path.insert(0, str(SCRIPTS))
+    import bench_es
+    from es_llm.comm.serial import SerialComm
+    from es_llm.es.config import ESRunConfig
+    from es_llm.es.engine import prompt_batch
+    from es_llm.es.setup import build_edges
+    from es_llm.models import resolve_training_data
+    from es_llm.tasks import TaskConfig
+    from populations import es as pes
+
+    cfg = resolve_training_data(ESRunConfig(
+        model=str(ci_testbed), task=TaskConfig(name="countdown"), backend="hf",
+        prompts_per_iteration=4, max_tokens=8,
+        es=pes.ESConfig(population=4, sigma=0.01, lr=0.005, antithetic=True)))
+    edges, problems = build_edges(cfg, SerialComm())
+    calls = []
+    generate = edges.backend.generate
+    edges.backend.generate = lambda *a, **k: calls.append(a[0]) or generate(*a, **k)
+    state = pes.init(cfg.es, edges.weights.master, cfg.seed)
+    seconds = bench_es.engine_beyond_generation(edges, state, pes.ask(cfg.es, state),
+                                                prompt_batch(problems, cfg, 0), cfg, repeats=2)
+    assert seconds > 0
+    assert len(calls) == 1  # every member shares the batch: one real call, then replays
+    for name, p in edges.weights.params.items():
+        assert torch.equal(p, edges.weights.master[name])
+    edges.task.close()

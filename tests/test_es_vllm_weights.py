@@ -66,3 +66,25 @@ def test_same_noise_gives_the_same_model_in_both_backends(es_engines, ci_testbed
     assert diff < 1e-3
     again = vl.generate(prompts, params)
     assert [(r[0].text, r[0].logprobs) for r in again] == [(r[0].text, r[0].logprobs) for r in base]
+
+
+@pytest.mark.vllm
+def test_members_are_computed_into_tensors_the_worker_keeps(es_engines):
+    # A member is written into views the worker hands out (``es_views``): the same memory
+    # from one write to the next, never the driver's master, which no write changes.
+    _, _, vl, vl_w = es_engines
+    shapes = {n: p.shape for n, p in vl_w.params.items()}
+
+    def where() -> dict[str, int]:
+        return {n: v.data_ptr() for n, v in
+                vl.llm.collective_rpc("es_views", args=(shapes,))[0].items()}
+
+    eps = keyed_noise(run_seed=0, iteration=1)
+    before = vl_w.checksum()
+    vl_w.perturb(lambda n, s: eps(2, n, s), +1, 0.05)
+    first = where()
+    vl_w.perturb(lambda n, s: eps(2, n, s), -1, 0.05)
+    vl_w.restore()
+    assert where() == first
+    assert not set(first.values()) & {t.data_ptr() for t in vl_w.master.values()}
+    assert vl_w.checksum() == before

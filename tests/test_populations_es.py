@@ -166,6 +166,22 @@ def test_perturbing_from_the_fp32_master_restores_bf16_exactly():
     assert torch.equal(es.perturb(master, eps, +1, 0.0, dtype=torch.bfloat16), serving)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("sign", [+1, -1])
+def test_a_member_written_into_a_buffer_has_the_bits_of_a_fresh_one(dtype, sign):
+    # The engine reuses one buffer per tensor; the in-place order (scaled noise first, then
+    # the master added) must round exactly as ``theta + s sigma eps`` does.
+    g = torch.Generator().manual_seed(1)
+    master, eps = torch.randn(4099, generator=g) * 0.05, torch.randn(4099, generator=g)
+    out = torch.full((4099,), float("nan"), dtype=dtype)
+    got = es.perturb(master, eps, sign, 3e-3, out=out)
+    assert got is out
+    fresh = es.perturb(master, eps, sign, 3e-3, dtype=dtype)
+    assert torch.equal(out.view(torch.int16 if dtype == torch.bfloat16 else torch.int32),
+                       fresh.view(torch.int16 if dtype == torch.bfloat16 else torch.int32))
+    assert not torch.equal(out, master.to(dtype))
+
+
 def test_inputs_of_any_dtype_become_an_fp32_master():
     state = es.init(TOY_CFG, {"w": torch.ones(3, dtype=torch.bfloat16)}, TOY_SEED)
     assert state.params["w"].dtype == torch.float32

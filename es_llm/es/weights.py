@@ -60,12 +60,14 @@ class ModuleWeights:
         return {n: t.shape for n, t in self.master.items()}
 
     def member(self, noise_for: Callable[[str, torch.Size], torch.Tensor], sign: int,
-               sigma: float) -> Iterator[tuple[str, torch.Tensor]]:
+               sigma: float, out: dict[str, torch.Tensor] | None = None
+               ) -> Iterator[tuple[str, torch.Tensor]]:
         """``(name, tensor)`` of the member ``cast(master + sign * sigma * noise_for(name,
-        shape))`` (``populations.es.perturb``), one tensor at a time, written nowhere."""
+        shape))`` (``populations.es.perturb``), one tensor at a time, each written into
+        ``out[name]`` when ``out`` is given (the same bits), else into fresh memory."""
         for name, p in self.params.items():
             yield name, perturb(self.master[name], noise_for(name, p.shape), sign, sigma,
-                                dtype=p.dtype)
+                                dtype=p.dtype, out=None if out is None else out[name])
 
     def served_master(self) -> Iterator[tuple[str, torch.Tensor]]:
         """``(name, tensor)`` of the master cast to the served dtype (the tensor itself when
@@ -73,10 +75,12 @@ class ModuleWeights:
         for name, p in self.params.items():
             yield name, self.master[name].to(p.dtype)
 
+    @torch.no_grad()
     def perturb(self, noise_for: Callable[[str, torch.Size], torch.Tensor], sign: int,
                 sigma: float) -> None:
-        """Set each tensor to the member (see ``member``)."""
-        _copy_into(self.params, self.member(noise_for, sign, sigma))
+        """Set each tensor to the member (see ``member``), computed into the served tensor."""
+        for _ in self.member(noise_for, sign, sigma, out=self.params):
+            pass
 
     def restore(self) -> None:
         _copy_into(self.params, self.served_master())
@@ -149,20 +153,24 @@ class AdapterWeights:
                 yield name, W_O_I.to(self.params[name].dtype)
 
     def member(self, noise_for: Callable[[str, torch.Size], torch.Tensor], sign: int,
-               sigma: float) -> Iterator[tuple[str, torch.Tensor]]:
+               sigma: float, out: dict[str, torch.Tensor] | None = None
+               ) -> Iterator[tuple[str, torch.Tensor]]:
         """``(name, tensor)`` of the member's target weights ``cast(W0 + scale B' A')``, one
-        at a time, written nowhere."""
-        return self._merged(self.member_factors(noise_for, sign, sigma))
+        at a time, each copied into ``out[name]`` when ``out`` is given."""
+        for name, W in self._merged(self.member_factors(noise_for, sign, sigma)):
+            yield name, W if out is None else out[name].copy_(W)
 
     def served_master(self) -> Iterator[tuple[str, torch.Tensor]]:
         """``(name, tensor)`` of the master adapter merged: ``cast(W0 + scale B A)``, the
         same bytes every time (computed afresh from fp32, never by undoing a member)."""
         return self._merged(self.master)
 
+    @torch.no_grad()
     def perturb(self, noise_for: Callable[[str, torch.Size], torch.Tensor], sign: int,
                 sigma: float) -> None:
         """Serve the member (see ``member``)."""
-        _copy_into(self.params, self.member(noise_for, sign, sigma))
+        for _ in self.member(noise_for, sign, sigma, out=self.params):
+            pass
 
     def restore(self) -> None:
         """Serve the master adapter merged (see ``served_master``)."""
