@@ -59,7 +59,8 @@ import torch
 from es_llm.backends.base import SamplingParams
 from es_llm.comm.serial import SerialComm
 from es_llm.es.config import EngineSettings, ESRunConfig
-from es_llm.es.engine import evaluate_members, member_prompts, prompt_batch, step
+from es_llm.es.engine import (evaluate_members, generated_tokens, member_prompts,
+                              prompt_batch, step)
 from es_llm.es.setup import build_edges
 from es_llm.models import resolve_training_data
 from es_llm.runtime import Runtime
@@ -326,9 +327,12 @@ def lowrank_throughput(model: str, args) -> dict:
     per_call = cfg.engine.members_per_call * cfg.engine.prompts_per_member
 
     def plain():
-        plain_batched(edges.backend, rows, params, per_call)
+        return plain_batched(edges.backend, rows, params, per_call)
 
-    plain(), evaluate_members(edges, state, members, batch, cfg)  # warm up
+    # Warm up, and count what each generates: members can stop later (or sooner) than the
+    # base model on the same prompts, and a batched call runs until its longest row ends.
+    plain_tokens = sum(len(c.token_ids) for c in plain())
+    rows_tokens = generated_tokens(evaluate_members(edges, state, members, batch, cfg))
     t_plain, t_rows = timed_side_by_side(
         [plain, lambda: evaluate_members(edges, state, members, batch, cfg)], args.repeats)
     rewards_N_P = torch.rand(len(members), cfg.engine.prompts_per_member, dtype=torch.float64,
@@ -343,7 +347,8 @@ def lowrank_throughput(model: str, args) -> dict:
         e.task.close()
     return {"parameters": sum(t.numel() for t in edges.weights.master.values()),
             "samples": len(rows), "rows_s": t_rows, "plain_s": t_plain, "full_s": t_full,
-            "tell_s": t_tell, "per_call": per_call}
+            "tell_s": t_tell, "per_call": per_call, "plain_tokens": plain_tokens,
+            "rows_tokens": rows_tokens["tokens/iteration"]}
 
 
 def peak_memory_child(model: str, args) -> None:
@@ -462,7 +467,9 @@ def lowrank_report(path: Path, what: str, args) -> None:
     print(f"6. low-rank population {r['samples'] / r['rows_s']:.0f} samples/s vs plain batched "
           f"generation {r['samples'] / r['plain_s']:.0f} samples/s: "
           f"{r['plain_s'] / r['rows_s']:.2f}x (target at least 0.9x; update {r['tell_s']:.2f} s "
-          f"per iteration)")
+          f"per iteration); in tokens {r['rows_tokens'] / r['rows_s']:.0f} vs "
+          f"{r['plain_tokens'] / r['plain_s']:.0f} tokens/s: "
+          f"{r['rows_tokens'] / r['rows_s'] / (r['plain_tokens'] / r['plain_s']):.2f}x")
     print(f"7. low-rank {r['samples'] / r['rows_s']:.0f} samples/s vs full-rank "
           f"{r['samples'] / r['full_s']:.1f} samples/s at N={args.population}: "
           f"{r['full_s'] / r['rows_s']:.1f}x (target at least 5x at N=256)")

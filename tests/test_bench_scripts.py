@@ -54,3 +54,20 @@ def test_bench_es_times_the_engine_without_generating_again(ci_testbed):
     for name, p in edges.weights.params.items():
         assert torch.equal(p, edges.weights.master[name])
     edges.task.close()
+
+
+def test_bench_es_lowrank_items_count_what_each_side_generated(ci_testbed):
+    # Item 6 prints tokens/s beside samples/s: the token counts must be the completions'
+    # own (members may stop later than the base model on the same prompts).
+    from types import SimpleNamespace
+
+    sys.path.insert(0, str(SCRIPTS))
+    import bench_es
+
+    args = SimpleNamespace(rank=2, population=8, prompts_per_member=2, members_per_call=4,
+                           max_tokens=8, device="cpu", dtype="float32", noise_device="cpu",
+                           repeats=1)
+    r = bench_es.lowrank_throughput(str(ci_testbed), args)
+    assert r["samples"] == 16 and r["per_call"] == 8
+    assert 16 <= r["plain_tokens"] <= 16 * 8 and 16 <= r["rows_tokens"] <= 16 * 8
+    assert min(r["rows_s"], r["plain_s"], r["full_s"]) > 0
