@@ -6,7 +6,8 @@
 Reads the model's held-out data/countdown_eval.jsonl unless --data is given and prints, per
 role, what es_llm/testtime/role_accuracy.py measures: solve, direct and facts accuracy,
 the reviewer's precision and recall on clean traces and traces with planted errors, and
-the share of planted errors the revise role repairs under each critique.
+the share of planted errors the revise role repairs under each critique, and how often the
+formalize role's statements parse, are faithful and check, for right and wrong answers.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
 
         check_model_path(args.model)
         check_roles(args.model, {"role_accuracy": ("solve", "direct", "facts", "review",
-                                                   "revise")})
+                                                   "revise", "formalize")})
         data = args.data or str(Path(args.model) / "data" / "countdown_eval.jsonl")
         task = build_task(TaskConfig(name="countdown", data=data, limit=args.limit))
         problems = task.problems()

@@ -24,7 +24,9 @@ from es_llm.testtime.dart import drafts_agree, think_budget
 from es_llm.testtime.methods import METHODS, TestTimeSettings, facts_hold
 from es_llm.testtime.generations import Gen
 from es_llm.testtime.protocols import edited_steps, review_metrics
-from es_llm.testtime.selection import check, edit, formalize, select
+from es_llm.tasks.countdown_roles import statement
+from es_llm.testtime.selection import (check, decide, edit, oracle_statement, parse_statement,
+                                       statements_base_and_edit, statements_every)
 from es_llm.testtime.ttel import error_segment, localize, segments
 
 
@@ -183,9 +185,8 @@ def test_ttel_localizes_where_feedback_lowers_the_probability_most():
 # --------------------------------------------------------------------------------------------
 
 def test_base_formalizes_once_and_edits_the_answer_slot():
-    s = formalize("nums 7 3 4 make 25\n", "7*3+4")
-    assert s.text == ("numbers [3, 4, 7] ; target 25 ; value(7*3+4) == target and "
-                      "multiset(7*3+4) == numbers")
+    s = oracle_statement("nums 7 3 4 make 25\n", "7*3+4")
+    assert s.text == "thm 7*3+4 = 25 ; 7*3+4 uses 3 4 7" and s.slot == "7*3+4"
     assert check(s)
     e = edit(s, "4+3*7")
     assert e.text == s.text.replace("7*3+4", "4+3*7") and check(e)
@@ -193,22 +194,64 @@ def test_base_formalizes_once_and_edits_the_answer_slot():
     assert not check(edit(s, "5*5"))  # right value, wrong numbers
     assert not check(edit(s, "7**3"))  # pasted (safe characters), refused by the checker
     assert edit(s, "__import__('os')") is None and edit(s, None) is None
-    assert formalize("what is 2+2?", "4") is None
+    assert oracle_statement("what is 2+2?", "4") is None
 
 
-def test_base_selection_rules():
-    prompt = "nums 7 3 4 make 25\n"
-    # Rank order: a wrong safe answer (the base), an unsafe one, two distinct correct ones.
-    chosen = select(["7*3+5", "7^3", "3*7+4", "4+3*7"], prompt)
+def test_a_wrong_formalization_is_caught_or_counted():
+    # What the model wrote is checked as written: a misstated target fails a right answer,
+    # and an edit is refused when the base answer does not fill both slots (R1 cannot edit).
+    assert not check(parse_statement("thm 7*3+4 = 52 ; 7*3+4 uses 3 4 7", "7*3+4"))
+    assert not check(parse_statement("thm 7*3+4 = 25 ; 7*3+4 uses 3 4 8", "7*3+4"))
+    assert not check(parse_statement("thm 7*3+4 = 25 ; 3*7+4 uses 3 4 7", "7*3+4"))
+    miscopied = parse_statement("thm 7*3+5 = 26 ; 7*3+5 uses 3 5 7", "7*3+4")
+    assert check(miscopied) and edit(miscopied, "4+3*7") is None
+    # Output that is no statement is a failed formalisation, never run.
+    assert parse_statement("thm __import__('os') = 1 ; x uses 1", "7*3+4") is None
+    assert parse_statement("7*3+4", "7*3+4") is None
+
+
+def _scripted_formalizer(texts: dict[tuple[int, int], str], answers_P):
+    calls = []
+
+    def formalize(pairs):
+        calls.append(list(pairs))
+        return [parse_statement(texts.get(pk, statement([3, 4, 7], 25, answers_P[pk[0]][pk[1]])),
+                                answers_P[pk[0]][pk[1]]) for pk in pairs]
+
+    return formalize, calls
+
+
+def test_base_and_edit_formalises_once_and_falls_back_where_r1_cannot_edit():
+    answers_P = [["7*3+5", "7^3", "3*7+4", "4+3*7"], ["3*7+4", "3*7+4", "7-3"], [None, None]]
+    formalize, calls = _scripted_formalizer({}, answers_P)
+    stmts, log = statements_base_and_edit(answers_P, formalize)
+    assert calls == [[(0, 0), (1, 0)]]  # one batch: each problem's base only
+    assert [m["formalizer_calls"] for m in log] == [1, 1, 0]
+    assert [m["edits"] for m in log] == [2, 2, 0]
+    chosen = decide(answers_P[0], stmts[0])
     assert chosen["passes"] == [False, False, True, True]
     assert chosen["first_pass"] == 2 and chosen["unique_pass"] is None and chosen["ambiguous"]
-    assert chosen["formalizer_calls"] == 1 and chosen["checker_calls"] == 3
-    # The same answer twice is one distinct answer: unique_pass selects it.
-    chosen = select(["3*7+4", "3*7+4", "7-3"], prompt)
+    assert chosen["checker_calls"] == 3
+    chosen = decide(answers_P[1], stmts[1])  # the same answer twice is one distinct answer
     assert chosen["first_pass"] == 0 and chosen["unique_pass"] == 0
-    chosen = select([None, "7-3"], prompt)
-    assert chosen["first_pass"] is None and chosen["unique_pass"] is None
-    assert select([None, None], prompt)["formalizer_calls"] == 0
+    assert decide(answers_P[2], stmts[2])["first_pass"] is None
+    # A base the model cannot formalise moves the base on; a base statement whose slots do
+    # not hold the base answer sends every other candidate to the formaliser.
+    answers_P = [["3*7+4", "7+3+4", "4+3*7"], ["7*3+4", "3*7+4"]]
+    formalize, calls = _scripted_formalizer(
+        {(0, 0): "thm 3*7+4 = 25 ;", (1, 0): "thm 7*3+5 = 26 ; 7*3+5 uses 3 5 7"}, answers_P)
+    stmts, log = statements_base_and_edit(answers_P, formalize)
+    assert calls == [[(0, 0), (1, 0)], [(0, 1)], [(1, 1)]]
+    assert log[0] == {"formalizer_calls": 2, "failed_formalizations": 1, "edits": 1}
+    assert log[1] == {"formalizer_calls": 2, "failed_formalizations": 0, "edits": 0}
+    assert decide(answers_P[0], stmts[0])["passes"] == [False, False, True]
+    # The miscopied base statement holds on its own terms: checked as written, it passes
+    # (the faithfulness risk the checker cannot see).
+    assert decide(answers_P[1], stmts[1])["passes"] == [True, True]
+    # Formalising every candidate: one call per safe candidate, one batch.
+    stmts, log = statements_every(answers_P, formalize)
+    assert calls[-1] == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1)]
+    assert [m["formalizer_calls"] for m in log] == [3, 2]
 
 
 # --------------------------------------------------------------------------------------------
@@ -287,8 +330,29 @@ def test_every_method_runs_end_to_end(every_method):
     for name in ("per", "broadcast"):
         stats = metrics["methods"][name]["budgets"]["2"]["stats"]
         assert stats["reviews"] == (12 if name == "per" else 12)
-    base = metrics["methods"]["base_select"]["budgets"]["3"]["stats"]
-    assert base["formalizer_calls_per_problem"] <= 1 < base["formalizer_calls_if_every_candidate"]
+    # BASE, every candidate formalised, and the oracle select among the same candidates; the
+    # model's statements are in the ledger (samples and tokens), the oracle's cost nothing.
+    rows = [json.loads(line) for line in (every_method / "samples.jsonl").open()]
+    for b in (2, 3):
+        mine = {m: [o for o in outcomes if o["method"] == m and o["budget"] == b]
+                for m in ("base_select", "formalize_all", "base_oracle")}
+        assert len({tuple(o["covered"] for o in v) for v in mine.values()}) == 1
+        formal = {m: sum(r["num_tokens"] for r in rows if r["method"] == m
+                         and r["budget"] == b and r["stage"].startswith("formalize"))
+                  for m in mine}
+        assert formal["base_oracle"] == 0 < formal["base_select"] <= formal["formalize_all"]
+        for m in ("base_select", "formalize_all"):
+            assert sum(o["tokens"] for o in mine[m]) == \
+                sum(o["tokens"] for o in mine["base_oracle"]) + formal[m]
+            calls = sum(o["formalizer_calls"] for o in mine[m])
+            assert calls == sum(1 for r in rows if r["method"] == m and r["budget"] == b
+                                and r["stage"].startswith("formalize"))
+    stats = {m: metrics["methods"][m]["budgets"]["3"]["stats"]
+             for m in ("base_select", "formalize_all", "base_oracle")}
+    assert stats["base_oracle"]["formalizer_calls_per_problem"] <= 1
+    assert stats["base_oracle"]["faithful_statement_rate"] == 1.0
+    assert stats["base_select"]["formalizer_calls_per_problem"] <= \
+        stats["formalize_all"]["formalizer_calls_per_problem"] <= 3
     assert (every_method / "report.md").read_text().startswith("# Test-time methods")
     assert (every_method / "figures" / "success_vs_tokens.png").stat().st_size > 0
     assert set(metrics["curves"]) == {"covered", "answered"}
@@ -342,6 +406,8 @@ def test_bad_input_is_refused_before_anything_is_written(ci_testbed, ci_reasonin
     cases = [
         ([f"--model={ci_reasoning}", "--methods", "independent,beam"], "unknown test-time method"),
         ([f"--model={ci_testbed}", "--methods", "per"], "per needs facts, review, revise"),
+        ([f"--model={ci_testbed}", "--methods", "base_oracle,base_select"],
+         "base_select needs formalize"),
         ([f"--model={ci_reasoning}", "--budgets", "0,2"], "positive integers"),
         ([f"--model={ci_reasoning}", "--budgets", "a"], "comma-separated"),
         ([f"--model={ci_reasoning}", "--methods", "base_select", "--budgets", "1,2"],
@@ -384,15 +450,15 @@ def test_compare_draws_test_time_curves_for_every_model(ci_testbed, ci_reasoning
     code = main(["compare", "--models", f"base={ci_testbed}", f"reasoning={ci_reasoning}",
                  "--n", "2", "--limit", "5", "--backend", "hf", "--out", str(out),
                  "--data", str(ci_reasoning / "data" / "countdown_eval.jsonl"),
-                 "--no-progress", "--testtime-methods", "independent,base_select",
+                 "--no-progress", "--testtime-methods", "independent,base_oracle",
                  "testtime.budgets=[2]", "bootstrap=20"])
     assert code == 0
     comp = json.loads((out / "comparison.json").read_text())
     section = comp["testtime"]
     assert set(section["models"]) == {"base", "reasoning"}
     assert set(section["curves"]["covered"]["auc_log_tokens"]) == {
-        "base independent", "base base_select", "reasoning independent",
-        "reasoning base_select"}
+        "base independent", "base base_oracle", "reasoning independent",
+        "reasoning base_oracle"}
     assert "## Test-time methods" in (out / "report.md").read_text()
     assert (out / "figures" / "testtime.png").is_file()
     # A method the student was not built for is refused before anything runs.
@@ -456,6 +522,10 @@ def test_role_accuracy_script(ci_reasoning, ci_testbed, tmp_path, capsys):
     assert figures["review"]["wrong_traces"] == 8
     assert set(figures["revise"]) == {"with_step", "wrong_only", "self_repair", "clean_kept"}
     assert all(0 <= figures[r]["accuracy"] <= 1 for r in ("solve", "direct", "facts"))
+    assert {k: figures["formalize"][k]["candidates"] for k in ("right", "wrong")} == \
+        {"right": 8, "wrong": 8}
+    for case in figures["formalize"].values():
+        assert case["faithful"] <= case["parsed"] and case["checks"] <= case["parsed"]
     # The plain student has no review or revise role.
     assert script.main(["--model", str(ci_testbed), "--limit", "8"]) == 2
     assert "was built with the roles solve only" in capsys.readouterr().err

@@ -85,8 +85,8 @@ class TestTimeCompare:
     __test__ = False  # not a pytest test class, despite its name
 
     # Test-time methods to run on every model folder (empty = off), e.g. [independent,
-    # base_select]; a method's roles must be in every model (checkpoints of the student know
-    # only solve: independent, base_select).
+    # base_oracle]; a method's roles must be in every model (checkpoints of the student know
+    # only solve: independent, base_oracle).
     methods: tuple[str, ...] = ()
     # Budget levels in each method's unit, as `es-llm testtime --budgets`.
     budgets: tuple[int, ...] = (2, 4, 8)

@@ -9,6 +9,7 @@ The student knows one role: solve a problem with worked steps. The reasoning tes
     facts   "facts nums 7 3 4 make 25\\n"    -> "25=21+4 21=7*3\\n7*3=21 21+4=25 <answer>7*3+4</answer>"
     review  "review nums 7 3 4 make 25\\n<trace>\\n"            -> "ok" | "wrong at step 2"
     revise  "revise nums 7 3 4 make 25\\n<trace>\\n<critique>\\n" -> a corrected trace
+    formalize "formalize nums 7 3 4 make 25\\n7*3+4\\n" -> "thm 7*3+4 = 25 ; 7*3+4 uses 3 4 7"
 
 ``solve`` is the student's prompt unchanged, so every other tool (eval, ES, the gradient
 methods, compare) runs on the reasoning model exactly as on the student. ``facts`` is the
@@ -24,6 +25,13 @@ operator at the last step (arithmetic right, target missed). A revise example's 
 the clean trace the error was planted in, so it keeps the valid prefix before the flagged
 step. Everything here is a pure function of the ``random.Random`` passed in; model text is
 parsed with regular expressions and scored with the Countdown verifier, never evaluated.
+
+``formalize`` is the autoformaliser of BASE (``es_llm.testtime.selection``): it writes the
+statement that a candidate answer solves the problem, in a small formal language whose
+checker is exact (``statement``); the answer fills two slots, as a Lean theorem names its
+answer more than once. Its training candidates are the clean answer or a planted error's
+answer, so it learns to transcribe right and wrong answers alike; what it writes is
+learnt, so it can misplace a number, the target or the answer like any autoformaliser.
 """
 
 from __future__ import annotations
@@ -37,10 +45,10 @@ from typing import Sequence
 from es_llm.tasks import countdown
 from es_llm.tasks.base import Problem
 
-ROLES = ("solve", "direct", "facts", "review", "revise")
+ROLES = ("solve", "direct", "facts", "review", "revise", "formalize")
 # Shares of the roles in the reasoning model's training examples.
-ROLE_SHARES = (("solve", 0.3), ("direct", 0.15), ("facts", 0.15), ("review", 0.2),
-               ("revise", 0.2))
+ROLE_SHARES = (("solve", 0.25), ("direct", 0.15), ("facts", 0.15), ("review", 0.175),
+               ("revise", 0.175), ("formalize", 0.1))
 TIERS = (2, 3, 4)
 # Largest given number (the default testbed's range): 2-number problems need a range wide
 # enough that the held-out sets leave most of the tier to training.
@@ -68,8 +76,8 @@ class Step:
 
 def role_prompt(role: str, numbers: Sequence[int], target: int, trace: str | None = None,
                 critique: str | None = None) -> str:
-    """The prompt of ``role`` for the problem (``trace`` for review and revise, ``critique``
-    for revise)."""
+    """The prompt of ``role`` for the problem (``trace`` for review and revise, and the
+    candidate answer for formalize; ``critique`` for revise)."""
     head = countdown.render_prompt(numbers, target)
     if role == "solve":
         return head
@@ -79,13 +87,24 @@ def role_prompt(role: str, numbers: Sequence[int], target: int, trace: str | Non
         return f"review {head}{_one_line(trace)}\n"
     if role == "revise":
         return f"revise {head}{_one_line(trace)}\n{_one_line(critique)}\n"
+    if role == "formalize":
+        return f"formalize {head}{_one_line(trace)}\n"
     raise ValueError(f"unknown role {role!r}; valid roles are: {', '.join(ROLES)}")
 
 
 def _one_line(text: str | None) -> str:
     if text is None:
-        raise ValueError("review and revise prompts need a trace (and revise a critique)")
+        raise ValueError("review and revise prompts need a trace (and revise a critique), "
+                         "formalize prompts a candidate answer")
     return " ".join(text.split())
+
+
+def statement(numbers: Sequence[int], target: int, answer: str) -> str:
+    """The formal statement that ``answer`` solves the problem: its value is the target and
+    it uses exactly the given numbers (listed in increasing order), the answer in two slots:
+    ``thm 7*3+4 = 25 ; 7*3+4 uses 3 4 7``."""
+    a = " ".join(answer.split())
+    return f"thm {a} = {target} ; {a} uses {' '.join(map(str, sorted(numbers)))}"
 
 
 def parse_problem(prompt: str) -> tuple[list[int], int] | None:
@@ -301,6 +320,14 @@ def _example(rng: random.Random, role: str, problem: Problem, clean: str
         return role_prompt(role, numbers, target), f"{facts_line(tree)}\n{clean}"
     if role == "review" and rng.random() < 0.5:
         return role_prompt(role, numbers, target, trace=clean), "ok"
+    if role == "formalize":
+        # Half the candidates are right, half a planted error's answer.
+        made = (clean, None) if rng.random() < 0.5 else planted_error(rng, problem, clean)
+        if made is None:
+            return None
+        answer, _ = countdown.extract_answer(made[0])
+        return (role_prompt(role, numbers, target, trace=answer),
+                statement(numbers, target, answer))
     if role == "revise" and rng.random() < 0.2:
         # Self-repair on a trace that was right: nothing to change.
         return role_prompt(role, numbers, target, trace=clean, critique=SELF_REPAIR), clean

@@ -12,10 +12,13 @@ COMMAND = Command(
 Run test-time methods on a model and report success against tokens per problem:
 independent sampling (solve), direct answers, cpp (facts, then solve), dart (two
 direct drafts, solve on disagreement with a calibrated thinking budget), ttel
-(localise the error of a failed trajectory, cut and branch), base_select
-(formalise one candidate, edit the rest, check), per (plan, execute, review,
-repair) and broadcast (peers solve, review each other, repair). Every method
-but independent needs the multi-role reasoning model (`es-llm testbed
+(localise the error of a failed trajectory, cut and branch), base_select (the
+model formalises one candidate, the rest are edited in, every statement
+checked), formalize_all (the model formalises every candidate), base_oracle (a
+perfect template formaliser: the upper bound), per (plan, execute, review,
+repair), broadcast (peers solve, review each other, repair) and discussion
+(peers read each other's answers and revise). Every method but independent and
+base_oracle needs the multi-role reasoning model (`es-llm testbed
 reasoning.enabled=true`, folder reasoning/). Writes DIR/samples.jsonl,
 outcomes.jsonl, metrics.json, report.md and figures/success_vs_tokens.png.""",
     config="es_llm.testtime.run:TestTimeConfig",

@@ -58,18 +58,22 @@ class Generations:
     def draw(self, label: tuple[str, int], stage: str, jobs: Sequence[tuple[Problem, str]],
              n: int, max_tokens: int, *, stop: tuple[str, ...] = (), logprobs: bool = False,
              answers: bool = True, control: bool = False,
-             prefixes: Sequence[str] | None = None) -> list[list[Gen]]:
+             prefixes: Sequence[str] | None = None, stream: str | None = None,
+             temperature: float | None = None) -> list[list[Gen]]:
         """``n`` completions for each ``(problem, prompt)`` job of method run ``label``
         (method, budget). ``answers``: score the texts as task answers (False for reviews,
         whose rows carry the verdict text instead). ``prefixes[i]``: text the job's prompt
         already ends with that belongs to the answer (a kept prefix of a trajectory): the
         verdict and the recorded completion are of prefix + continuation, the tokens counted
-        are the continuation's."""
+        are the continuation's. ``stream``: the name the sampling streams are keyed by in
+        place of the method's (methods that must draw the same samples share one);
+        ``temperature``: this draw's, in place of the run's."""
         if not jobs:
             return []
-        params = SamplingParams(n=n, temperature=self.temperature, max_tokens=max_tokens,
-                                stop=stop, seed=self.seed, logprobs=logprobs)
-        keys = [f"{label[0]}:{label[1]}:{stage}:{p.id}" for p, _ in jobs]
+        params = SamplingParams(n=n, max_tokens=max_tokens, stop=stop, seed=self.seed,
+                                temperature=self.temperature if temperature is None
+                                else temperature, logprobs=logprobs)
+        keys = [f"{stream or label[0]}:{label[1]}:{stage}:{p.id}" for p, _ in jobs]
         outs = self.backend.generate([prompt for _, prompt in jobs], params,
                                      progress=self.progress, keys=keys)
         heads = list(prefixes) if prefixes is not None else [""] * len(jobs)

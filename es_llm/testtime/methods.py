@@ -8,7 +8,8 @@ correct: the oracle view of the success-vs-tokens curve, ``S(b)`` of metrics.md 
 read from the ledger of ``Generations``, never reported by the method.
 
 The budget level means, per strategy: samples (``independent``, ``direct``, ``cpp``), thinking
-samples after a disagreement (``dart``), branches (``ttel``), candidates (``base_select``),
+samples after a disagreement (``dart``), branches (``ttel``), candidates (``base_select``,
+``formalize_all``, ``base_oracle``),
 peers (``per``, ``broadcast``, ``discussion``).
 """
 
@@ -64,11 +65,15 @@ class TestTimeSettings:
     # TTEL: how branches are drawn: parallel (localise once, every branch from the one kept
     # prefix) or sequential (one branch at a time, each rejected branch localised afresh).
     ttel_branching: str = choice("parallel", lambda: BRANCHINGS)
+    # BASE: the longest statement the formalize role may write, in tokens, and its sampling
+    # temperature (0: greedy, a formaliser transcribes rather than explores).
+    formalize_tokens: int = 64
+    formalize_temperature: float = 0.0
 
     def __post_init__(self):
         check_choices(self, "testtime.")
         for name in ("max_tokens", "review_tokens", "plan_tokens", "calibration_problems",
-                     "calibration_samples", "dart_min_tokens"):
+                     "calibration_samples", "dart_min_tokens", "formalize_tokens"):
             if getattr(self, name) < 1:
                 raise BadInput(f"testtime.{name} must be at least 1, got {getattr(self, name)}.")
         if not self.dart_caps or any(c < 1 for c in self.dart_caps):
@@ -81,6 +86,9 @@ class TestTimeSettings:
         if not self.temperature > 0:
             raise BadInput(f"testtime.temperature must be > 0 (the methods sample), got "
                            f"{self.temperature}.")
+        if not (math.isfinite(self.formalize_temperature) and self.formalize_temperature >= 0):
+            raise BadInput(f"testtime.formalize_temperature must be >= 0 (0 is greedy), got "
+                           f"{self.formalize_temperature}.")
         if not self.dart_margin >= 0:
             raise BadInput(f"testtime.dart_margin must be >= 0, got {self.dart_margin}.")
 

@@ -82,7 +82,8 @@ def report_blocks(metrics: dict, figure: str) -> list:
                   "verifier would find, metrics.md 5.1); `answered`: the one answer the method "
                   "commits to (the vote of its samples; dart's agreed draft; ttel's vote of "
                   "its branches, with the first branch the verifier accepts beside it as "
-                  "answered_by_checker in its statistics; base_select's first pass) is "
+                  "answered_by_checker in its statistics; the first pass of base_select, "
+                  "formalize_all and base_oracle) is "
                   "correct. 95% bootstrap intervals over problems."),
         Table(["method", "budget", "tokens", "generated", "scored", "covered", "answered"],
               rows, align="lrrrrll")]

@@ -7,7 +7,10 @@
   localised rejections of a wrong trace that name the verifier's step;
 - ``revise``: on the planted-error traces, the share repaired to a correct answer under each
   critique (the verifier's step, ``wrong`` alone, ``check``), and the share of clean traces
-  still correct after ``check``.
+  still correct after ``check``;
+- ``formalize``: each problem's clean answer and its planted error's answer formalised: the
+  share of outputs that parse, that equal the template statement (faithful), and that check,
+  for the right and the wrong answers apart (a wrong answer that checks is a false pass).
 
 The planted errors are drawn from a ``random.Random`` seeded with ``seed``, so the figures are
 a pure function of the model, the problems and the seed.
@@ -22,7 +25,7 @@ import numpy as np
 from es_llm.backends.base import SamplingParams
 from es_llm.tasks import countdown
 from es_llm.tasks.countdown_roles import (NO_LOCATION, SELF_REPAIR, parse_verdict,
-                                          planted_error, role_prompt)
+                                          planted_error, role_prompt, statement)
 from es_llm.testtime.methods import facts_hold
 
 
@@ -81,6 +84,26 @@ def role_accuracy(backend, problems: list, seed: int = 0, max_tokens: int = 96) 
     texts = _greedy(backend, [role_prompt("revise", *x, trace=ref, critique=SELF_REPAIR)
                               for x, ref in zip(g, clean)], max_tokens)
     out["revise"]["clean_kept"] = _share([_correct(p, t) for p, t in zip(problems, texts)])
+    out["formalize"] = _formalize(backend, [(x, ref) for x, ref in zip(g, clean)],
+                                  [(x, m[0]) for _, x, m in wrong])
+    return out
+
+
+def _formalize(backend, right: list, wrong: list) -> dict:
+    """The formalize role on right and wrong candidates (``((numbers, target), trace)``)."""
+    from es_llm.testtime.selection import check, parse_statement
+
+    out = {}
+    for name, cases in (("right", right), ("wrong", wrong)):
+        answers = [countdown.extract_answer(t)[0] or "" for _, t in cases]
+        texts = _greedy(backend, [role_prompt("formalize", *x, trace=a)
+                                  for (x, _), a in zip(cases, answers)], 64)
+        made = [parse_statement(t, a) for t, a in zip(texts, answers)]
+        out[name] = {
+            "candidates": len(cases), "parsed": _share([s is not None for s in made]),
+            "faithful": _share([s is not None and s.text == statement(*x, a)
+                                for s, (x, _), a in zip(made, cases, answers)]),
+            "checks": _share([s is not None and check(s) for s in made])}
     return out
 
 

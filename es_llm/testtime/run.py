@@ -44,10 +44,11 @@ class TestTimeConfig:
     # The problems: countdown only (the roles are Countdown formats); without data, the
     # model's held-out data/countdown_eval.jsonl.
     task: TaskConfig = field(default_factory=lambda: TaskConfig(name="countdown"))
-    # Methods to run, from: independent, direct, cpp, dart, ttel, base_select, per,
-    # broadcast.
+    # Methods to run, from: independent, direct, cpp, dart, ttel, base_select, formalize_all,
+    # base_oracle, per, broadcast, discussion.
     methods: tuple[str, ...] = ("independent", "direct", "cpp", "dart", "ttel", "base_select",
-                                "per", "broadcast")
+                                "formalize_all", "base_oracle", "per", "broadcast",
+                                "discussion")
     # Budget levels, each method's own unit (samples, branches, candidates, peers).
     budgets: tuple[int, ...] = (2, 4, 8)
     # Generation backend: hf (the default: the model also scores tokens for ttel), auto
