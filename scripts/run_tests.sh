@@ -13,4 +13,5 @@ if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; 
     "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
         --no-install-recommends chromium fonts-liberation
 fi
-exec "$VENV/bin/python" -m pytest -m "not gpu" "$@"
+# The slowest tests are listed at the end: what to look at first when the run grows.
+exec "$VENV/bin/python" -m pytest -m "not gpu" --durations=25 "$@"

@@ -347,6 +347,17 @@ def test_every_method_runs_end_to_end(every_method):
             calls = sum(o["formalizer_calls"] for o in mine[m])
             assert calls == sum(1 for r in rows if r["method"] == m and r["budget"] == b
                                 and r["stage"].startswith("formalize"))
+    # The paired comparisons are the means of per-problem differences.
+    assert [(p["first"], p["second"], p["budget"]) for p in metrics["pairs"]] == [
+        ("base_select", "formalize_all", 2), ("base_select", "formalize_all", 3),
+        ("base_select", "base_oracle", 2), ("base_select", "base_oracle", 3)]
+    for p in metrics["pairs"]:
+        for key in ("answered", "tokens"):
+            a, b = (np.mean([o[key] for o in outcomes if o["method"] == m
+                             and o["budget"] == p["budget"]]) for m in (p["first"], p["second"]))
+            assert p[key]["difference"] == pytest.approx(a - b)
+            assert p[key]["ci95"][0] <= p[key]["difference"] <= p[key]["ci95"][1]
+    assert "## Paired comparisons" in (every_method / "report.md").read_text()
     stats = {m: metrics["methods"][m]["budgets"]["3"]["stats"]
              for m in ("base_select", "formalize_all", "base_oracle")}
     assert stats["base_oracle"]["formalizer_calls_per_problem"] <= 1
@@ -413,6 +424,8 @@ def test_bad_input_is_refused_before_anything_is_written(ci_testbed, ci_reasonin
         ([f"--model={ci_reasoning}", "--methods", "base_select", "--budgets", "1,2"],
          "base_select needs budgets of at least 2"),
         ([f"--model={ci_reasoning}", "--task", "arithmetic"], "countdown only"),
+        ([f"--model={ci_reasoning}", "pairs=[base_select:beam]"], "pairs entries must be A:B"),
+        ([f"--model={ci_reasoning}", "pairs=[ttel:ttel]"], "pairs entries must be A:B"),
     ]
     for i, (args, message) in enumerate(cases):
         out = tmp_path / f"out{i}"

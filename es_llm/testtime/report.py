@@ -89,6 +89,21 @@ def report_blocks(metrics: dict, figure: str) -> list:
               rows, align="lrrrrll")]
     for measure, text in MEASURES.items():
         out += _frontier_blocks(measure, text, metrics["curves"][measure])
+    if metrics.get("pairs"):
+        out += [Heading(2, "Paired comparisons"),
+                Paragraph("A minus B on the same problems at each budget, paired 95% bootstrap "
+                          "intervals over problems: the committed answer correct, and tokens "
+                          "per problem."),
+                Table(["A", "B", "budget", "answered A / B", "answered A - B", "tokens A / B",
+                       "tokens A - B"],
+                      [[p["first"], p["second"], str(p["budget"]),
+                        f"{p['answered']['first']:.3f} / {p['answered']['second']:.3f}",
+                        interval(p["answered"]["difference"], p["answered"]["ci95"],
+                                 lambda x: signed(x, 3)),
+                        f"{p['tokens']['first']:.1f} / {p['tokens']['second']:.1f}",
+                        interval(p["tokens"]["difference"], p["tokens"]["ci95"],
+                                 lambda x: signed(x, 1))] for p in metrics["pairs"]],
+                      align="llrllll")]
     out += [Heading(2, "Each method's statistics"),
             Bullets([f"{name} @ {b}: " + "; ".join(f"{k} {_stat(v)}" for k, v in r["stats"].items())
                      for name, runs in metrics["methods"].items()

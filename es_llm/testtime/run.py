@@ -51,6 +51,10 @@ class TestTimeConfig:
                                 "discussion")
     # Budget levels, each method's own unit (samples, branches, candidates, peers).
     budgets: tuple[int, ...] = (2, 4, 8)
+    # Methods compared pairwise at every budget, as A:B (A minus B in answered and in tokens
+    # per problem, on the same problems, paired 95% intervals); a pair is left out when
+    # either method does not run.
+    pairs: tuple[str, ...] = ("base_select:formalize_all", "base_select:base_oracle")
     # Generation backend: hf (the default: the model also scores tokens for ttel), auto
     # (vLLM when installed) or vllm.
     backend: str = choice("hf", lambda: BACKEND_NAMES)
@@ -81,6 +85,11 @@ class TestTimeConfig:
                 raise BadInput(f"{name} needs budgets of at least {low} (K < {low} "
                                f"{METHODS.get(name).unit} leaves nothing to select from), got "
                                f"{list(self.budgets)}; e.g. --budgets 2,4,8.")
+        bad = [p for p in self.pairs if p.count(":") != 1 or p.split(":")[0] == p.split(":")[1]
+               or any(m not in METHODS for m in p.split(":"))]
+        if bad:
+            raise BadInput(f"pairs entries must be A:B, two different test-time methods "
+                           f"({', '.join(METHODS.names())}), got {bad}.")
         if self.task.name not in TASKS:
             raise BadInput(f"testtime runs on task {', '.join(TASKS)} only (its roles are "
                            f"Countdown formats), got {self.task.name!r}.")
@@ -173,6 +182,31 @@ def run_methods(cfg: TestTimeConfig, gen: Generations, problems, calibration,
     return summary, outcome_rows
 
 
+def paired(cfg: TestTimeConfig, outcome_rows: list[dict], rng: np.random.Generator
+           ) -> list[dict]:
+    """Each pair of ``cfg.pairs`` whose methods both ran, at every budget: A minus B in
+    answered and in tokens per problem, with paired 95% intervals over problems (the mean of
+    per-problem differences, the problems resampled)."""
+    out = []
+    for pair in cfg.pairs:
+        first, second = pair.split(":")
+        if first not in cfg.methods or second not in cfg.methods:
+            continue
+        for budget in cfg.budgets:
+            rows = {m: [r for r in outcome_rows if r["method"] == m and r["budget"] == budget]
+                    for m in (first, second)}
+            assert [r["problem_id"] for r in rows[first]] == \
+                [r["problem_id"] for r in rows[second]]
+            entry = {"first": first, "second": second, "budget": budget}
+            for key in ("answered", "tokens"):
+                a, b = (np.array([r[key] for r in rows[m]], dtype=float) for m in (first, second))
+                lo, hi = bootstrap_ci(a - b, rng, num_resamples=cfg.bootstrap)
+                entry[key] = {"first": float(a.mean()), "second": float(b.mean()),
+                              "difference": float((a - b).mean()), "ci95": [lo, hi]}
+            out.append(entry)
+    return out
+
+
 def curves(summary: dict, outcome_rows: list[dict] | None = None, reference: str | None = None,
            rng: np.random.Generator | None = None, resamples: int = 1000) -> dict:
     """Frontier, area on a log-token axis and dominance, for both success measures; with
@@ -249,6 +283,7 @@ def testtime(cfg: TestTimeConfig, out: str | Path, progress: bool = True, echo=p
     metrics = {"methods": summary,
                "curves": curves(summary, outcome_rows, reference,
                                 np.random.default_rng(cfg.seed), cfg.bootstrap),
+               "pairs": paired(cfg, outcome_rows, np.random.default_rng(cfg.seed)),
                "config": {"model": cfg.model, "task": cfg.task.name, "problems": len(problems),
                           "backend": backend.name},
                "perf": {"wall_s": round(time.perf_counter() - t_start, 1),
