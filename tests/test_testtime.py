@@ -248,6 +248,10 @@ def test_base_and_edit_formalises_once_and_falls_back_where_r1_cannot_edit():
     # The miscopied base statement holds on its own terms: checked as written, it passes
     # (the faithfulness risk the checker cannot see).
     assert decide(answers_P[1], stmts[1])["passes"] == [True, True]
+    # A candidate that is no expression can still pass through what the model wrote for it.
+    chosen = decide(["7**3", "3*7+4"], [parse_statement("thm 7*3+4 = 25 ; 7*3+4 uses 3 4 7",
+                                                         "7**3"), None])
+    assert chosen["first_pass"] == 0 and chosen["unique_pass"] == 0
     # Formalising every candidate: one call per safe candidate, one batch.
     stmts, log = statements_every(answers_P, formalize)
     assert calls[-1] == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1)]

@@ -172,12 +172,21 @@ def decide(answers: Sequence[str | None], statements: Sequence[Statement | None]
     when nothing is chosen), the pass flags and the checker calls made."""
     passes = [s is not None and check(s) for s in statements]
     passing = [i for i, ok in enumerate(passes) if ok]
-    distinct = {countdown.render(countdown.parse_expression(answers[i].strip()))
-                for i in passing}
+    distinct = {_canonical(answers[i]) for i in passing}
     return {"first_pass": passing[0] if passing else None,
             "unique_pass": passing[0] if len(distinct) == 1 else None,
             "passes": passes, "checker_calls": sum(s is not None for s in statements),
             "ambiguous": len(distinct) > 1}
+
+
+def _canonical(answer: str) -> str:
+    """An answer's canonical rendering; its own text when it does not parse (a model's
+    statement can pass a candidate whose answer is no expression: what it wrote was checked,
+    not the candidate)."""
+    try:
+        return countdown.render(countdown.parse_expression(answer.strip()))
+    except countdown._Rejected:
+        return _norm(answer)
 
 
 def _ranked_candidates(inp: MethodInput) -> list[list[Gen]]:
