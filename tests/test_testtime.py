@@ -249,8 +249,8 @@ def test_base_and_edit_formalises_once_and_falls_back_where_r1_cannot_edit():
     # (the faithfulness risk the checker cannot see).
     assert decide(answers_P[1], stmts[1])["passes"] == [True, True]
     # A candidate that is no expression can still pass through what the model wrote for it.
-    chosen = decide(["7**3", "3*7+4"], [parse_statement("thm 7*3+4 = 25 ; 7*3+4 uses 3 4 7",
-                                                         "7**3"), None])
+    passing = parse_statement("thm 7*3+4 = 25 ; 7*3+4 uses 3 4 7", "7**3")
+    chosen = decide(["7**3", "3*7+4"], [passing, None])
     assert chosen["first_pass"] == 0 and chosen["unique_pass"] == 0
     # Formalising every candidate: one call per safe candidate, one batch.
     stmts, log = statements_every(answers_P, formalize)
