@@ -546,3 +546,12 @@ def test_role_accuracy_script(ci_reasoning, ci_testbed, tmp_path, capsys):
     # The plain student has no review or revise role.
     assert script.main(["--model", str(ci_testbed), "--limit", "8"]) == 2
     assert "was built with the roles solve only" in capsys.readouterr().err
+
+
+def test_every_method_on_the_success_figure_has_its_own_line_style():
+    from es_llm.testtime.report import curve_styles
+
+    styles = curve_styles(25)
+    keys = [(s["color"], s["marker"], s["linestyle"]) for s in styles]
+    assert len(set(keys)) == 25
+    assert keys[0] == ("C0", "o", "-") and keys[10] == ("C0", "s", "--")

@@ -12,21 +12,30 @@ MEASURES = {"covered": "some output correct (oracle verifier)",
             "answered": "committed answer correct"}
 
 
+def curve_styles(n: int) -> list[dict]:
+    """``n`` distinct line styles: matplotlib's ten default colours, then the same colours
+    dashed with another marker (and dotted after twenty), so that eleven or more methods on
+    one figure stay apart."""
+    return [{"color": f"C{i % 10}", "marker": "os^Dv"[i // 10 % 5],
+             "linestyle": ("-", "--", ":")[i // 10 % 3]} for i in range(n)]
+
+
 def success_figure(curves_by_label: dict[str, dict], path: Path, title: str = "") -> str:
     """Two panels (covered, answered) of success against mean tokens per problem (log
     axis); ``curves_by_label[label] = summary`` of one model's methods, labels prefixed
     when several models share the figure. Returns the file's name."""
     fig, axes = pyplot().subplots(1, 2, figsize=(11, 4.2), sharey=True)
+    styles = curve_styles(len(curves_by_label))
     for ax, measure in zip(axes, MEASURES):
-        for label, runs in curves_by_label.items():
+        for style, (label, runs) in zip(styles, curves_by_label.items()):
             pts = sorted((r["tokens_mean"], r[measure]["value"]) for r in runs["budgets"].values())
-            ax.plot([t for t, _ in pts], [s for _, s in pts], marker="o", ms=3, label=label)
+            ax.plot([t for t, _ in pts], [s for _, s in pts], ms=3, label=label, **style)
         ax.set_xscale("log")
         ax.set_xlabel("mean tokens per problem (generated + scored)")
         ax.set_title(MEASURES[measure], fontsize=10)
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("success rate")
-    axes[1].legend(fontsize=7, loc="lower right")
+    axes[1].legend(fontsize=7, loc="best")
     if title:
         fig.suptitle(title, fontsize=11)
     return save_figure(fig, path)
