@@ -101,12 +101,13 @@ def test_unreadable_parquet_is_bad_input(tmp_path):
 # --- TaskConfig and the registry ------------------------------------------------------------
 
 def test_registered_names():
-    assert task_names() == ["arithmetic", "chess", "countdown", "humaneval", "math", "pyfunc"]
+    assert task_names() == ["arithmetic", "chess", "countdown", "humaneval", "knowledge", "math",
+                            "pyfunc"]
 
 
 @pytest.mark.parametrize("kwargs, fragment", [
     ({"name": "go"}, "task.name 'go' is not a registered task; choose one of "
-                     "arithmetic, chess, countdown, humaneval, math, pyfunc."),
+                     "arithmetic, chess, countdown, humaneval, knowledge, math, pyfunc."),
     ({"data": "problems.csv"}, "unsupported extension"),
     ({"data": ""}, "task.data must be a file path or null"),
     ({"limit": 0}, "task.limit must be a positive integer or null"),

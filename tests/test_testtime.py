@@ -427,7 +427,7 @@ def test_bad_input_is_refused_before_anything_is_written(ci_testbed, ci_reasonin
         ([f"--model={ci_reasoning}", "--budgets", "a"], "comma-separated"),
         ([f"--model={ci_reasoning}", "--methods", "base_select", "--budgets", "1,2"],
          "base_select needs budgets of at least 2"),
-        ([f"--model={ci_reasoning}", "--task", "arithmetic"], "countdown only"),
+        ([f"--model={ci_reasoning}", "--task", "arithmetic"], "tasks countdown, knowledge only"),
         ([f"--model={ci_reasoning}", "pairs=[base_select:beam]"], "pairs entries must be A:B"),
         ([f"--model={ci_reasoning}", "pairs=[ttel:ttel]"], "pairs entries must be A:B"),
     ]

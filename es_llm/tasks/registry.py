@@ -36,7 +36,7 @@ class TaskConfig:
     ``reward = format_weight * format_ok + (1 - format_weight) * correct``.
     """
 
-    # Registered task name: countdown, arithmetic, math, humaneval, pyfunc or chess.
+    # Registered task name: countdown, arithmetic, math, humaneval, pyfunc, chess or knowledge.
     name: str = choice("countdown", lambda: task_names())
     # A local .jsonl / .json / .parquet file of problems; None = the task's generator.
     data: str | None = None

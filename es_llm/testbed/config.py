@@ -18,13 +18,15 @@ from es_llm.testbed import SIZES
 
 # Domain model sections of the config and the task each one learns.
 DOMAINS = {"code": "pyfunc", "chess": "chess"}
-# Every model section built like a domain and the task it is evaluated on: the domains and
-# the multi-role reasoning model (Countdown in several roles, es_llm/tasks/countdown_roles.py).
-MODEL_TASKS = {**DOMAINS, "reasoning": "countdown"}
+# Every model section built like a domain and the task it is evaluated on: the domains, the
+# multi-role reasoning model (Countdown in several roles, es_llm/tasks/countdown_roles.py)
+# and the knowledge model (facts of a fixed world, composed, es_llm/tasks/knowledge.py).
+MODEL_TASKS = {**DOMAINS, "reasoning": "countdown", "knowledge": "knowledge"}
 # The module whose ``generate(rng, tier)`` makes a section's training examples (and whose
 # ``held_out``, where it has one, its held-out problems).
 EXAMPLE_MODULES = {"code": "es_llm.tasks.pyfunc", "chess": "es_llm.tasks.chess",
-                   "reasoning": "es_llm.tasks.countdown_roles"}
+                   "reasoning": "es_llm.tasks.countdown_roles",
+                   "knowledge": "es_llm.tasks.knowledge"}
 
 
 def _at_least(owner: str, obj, minimum, *names: str) -> None:
@@ -309,6 +311,10 @@ class TestbedConfig:
     # review and revise roles, for the test-time methods of `es-llm testtime`.
     reasoning: DomainLM = field(default_factory=lambda: DomainLM(
         train=TrainSchedule(steps=1200), tiers=(2, 3, 4)))
+    # The knowledge model (knowledge/): a fixed world's facts and questions composing two
+    # to four of them, in the solve, direct and facts roles, for CPP in `es-llm testtime`.
+    knowledge: DomainLM = field(default_factory=lambda: DomainLM(
+        train=TrainSchedule(steps=1200), tiers=(2, 3, 4), rl_per_tier=50))
     # The student converted to sliding-window attention (SWARR's first stage).
     swa: SlidingWindow = field(default_factory=SlidingWindow)
 

@@ -19,7 +19,9 @@ perfect template formaliser: the upper bound), per (plan, execute, review,
 repair), broadcast (peers solve, review each other, repair) and discussion
 (peers read each other's answers and revise). Every method but independent and
 base_oracle needs the multi-role reasoning model (`es-llm testbed
-reasoning.enabled=true`, folder reasoning/). Writes DIR/samples.jsonl,
+reasoning.enabled=true`, folder reasoning/). On --task knowledge (facts of a
+fixed world, composed; its model: `es-llm testbed knowledge.enabled=true`,
+folder knowledge/) independent, direct and cpp run. Writes DIR/samples.jsonl,
 outcomes.jsonl, metrics.json, report.md and figures/success_vs_tokens.png.""",
     config="es_llm.testtime.run:TestTimeConfig",
     run=writes_out("es_llm.testtime.run:testtime"),

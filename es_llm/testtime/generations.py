@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -23,18 +23,24 @@ from es_llm.tasks import Problem
 from es_llm.tasks.countdown_roles import answer_value
 
 
+def countdown_value(problem: Problem, completion: str) -> Fraction | None:
+    """A Countdown answer's exact value: answers agree when their values are equal."""
+    return answer_value(problem.gold["numbers"], completion)
+
+
 @dataclass(frozen=True)
 class Gen:
     """One completion: its text, tokens generated (EOS included when it ended one), per-token
     logprobs when asked for, and, for answer-bearing stages, the verifier's verdict and the
-    answer's value (None if it is no valid expression over the given numbers)."""
+    answer's value (the task's answer equivalence, ``Generations``' ``value``; None for no
+    valid answer)."""
 
     text: str
     num_tokens: int
     logprobs: tuple[float, ...] | None
     finish_reason: str
     correct: bool
-    value: Fraction | None
+    value: object
     answer: str | None = None
 
 
@@ -43,12 +49,15 @@ class Generations:
 
     ``backend``: the shared generation interface; ``task``: the verifier; ``scorer``: an
     ``HFScorer`` for teacher-forced log-probabilities (only the methods that localise need
-    it); ``temperature`` and ``seed`` apply to every draw.
+    it); ``temperature`` and ``seed`` apply to every draw; ``value(problem, completion)``
+    is the answer's value, by which votes count answers as equal (Countdown's exact value
+    of the expression by default).
     """
 
     def __init__(self, backend, task, temperature: float, seed: int, scorer=None,
-                 progress: bool = False):
-        self.backend, self.task, self.scorer = backend, task, scorer
+                 progress: bool = False,
+                 value: Callable[[Problem, str], object] = countdown_value):
+        self.backend, self.task, self.scorer, self.value = backend, task, scorer, value
         self.temperature, self.seed, self.progress = temperature, seed, progress
         self.rows: list[dict] = []
         self.generated: dict[tuple, int] = defaultdict(int)
@@ -87,8 +96,7 @@ class Generations:
                 gen = Gen(text=text, num_tokens=len(c.token_ids), logprobs=c.logprobs,
                           finish_reason=c.finish_reason,
                           correct=bool(score.correct) if score is not None else False,
-                          value=(answer_value(problem.gold["numbers"], text)
-                                 if score is not None else None),
+                          value=self.value(problem, text) if score is not None else None,
                           answer=score.answer if score is not None else None)
                 self._record(label, stage, problem, prompt, gen, score, control)
                 gens.append(gen)

@@ -24,9 +24,9 @@ import numpy as np
 
 from es_llm.config import check_choices, choice
 from es_llm.errors import BadInput
-from es_llm.tasks import Problem
+from es_llm.tasks import Problem, knowledge
 from es_llm.tasks.countdown_roles import STEP_RE, role_prompt
-from es_llm.testtime.generations import Gen, Generations
+from es_llm.testtime.generations import Gen, Generations, countdown_value
 from populations.registry import Registry
 
 
@@ -94,6 +94,23 @@ class TestTimeSettings:
 
 
 @dataclass(frozen=True)
+class TaskFormat:
+    """How one task's problems are put to a multi-role model: ``prompt(problem, role,
+    **kw)`` writes a role's prompt, ``facts_hold(completion, problem)`` says whether a
+    facts line is true (CPP's statistic) and ``value(problem, completion)`` is the answer's
+    value."""
+
+    prompt: Callable[..., str]
+    facts_hold: Callable[[str, Problem], bool]
+    # The answer's value, by which votes count two answers as equal (``Generations``).
+    value: Callable[[Problem, str], object]
+
+
+# The tasks test-time methods run on, by task name.
+FORMATS: Registry[TaskFormat] = Registry("test-time task")
+
+
+@dataclass(frozen=True)
 class MethodInput:
     label: tuple[str, int]
     problems: list[Problem]
@@ -101,6 +118,9 @@ class MethodInput:
     gen: Generations
     cfg: TestTimeSettings
     prepared: object = None
+    # The task's formats (``FORMATS``; Countdown's unless given); the Countdown-only
+    # methods read Countdown's directly.
+    fmt: TaskFormat = field(default_factory=lambda: FORMATS.get("countdown"))
 
 
 @dataclass(frozen=True)
@@ -123,6 +143,9 @@ class MethodSpec:
     prepare: Callable | None = None
     # What one budget level is, for the report.
     unit: str = "samples"
+    # The tasks (``FORMATS``) it runs on: the methods that parse Countdown traces, review
+    # them or formalise answers run on Countdown only.
+    tasks: tuple[str, ...] = ("countdown",)
 
 
 METHODS: Registry[MethodSpec] = Registry("test-time method")
@@ -137,6 +160,7 @@ def register_method(name: str, **spec) -> Callable:
 
 
 def prompt(problem: Problem, role: str, **kw) -> str:
+    """A Countdown problem's prompt in ``role``."""
     return role_prompt(role, problem.gold["numbers"], problem.gold["target"], **kw)
 
 
@@ -162,15 +186,16 @@ def outcome(problem: Problem, outputs: list[Gen], answer: Gen | None, **extra) -
 
 def _sampling(role: str) -> Callable[[MethodInput], MethodResult]:
     def run(inp: MethodInput) -> MethodResult:
-        jobs = [(p, prompt(p, role)) for p in inp.problems]
+        jobs = [(p, inp.fmt.prompt(p, role)) for p in inp.problems]
         outs = inp.gen.draw(inp.label, role, jobs, inp.budget, inp.cfg.max_tokens)
         return MethodResult([outcome(p, g, vote(g)) for p, g in zip(inp.problems, outs)])
 
     return run
 
 
-register_method("independent", roles=("solve",))(_sampling("solve"))
-register_method("direct", roles=("direct",))(_sampling("direct"))
+_ANY_TASK = ("countdown", "knowledge")
+register_method("independent", roles=("solve",), tasks=_ANY_TASK)(_sampling("solve"))
+register_method("direct", roles=("direct",), tasks=_ANY_TASK)(_sampling("direct"))
 
 
 def facts_hold(completion: str, target: int) -> bool:
@@ -193,18 +218,19 @@ def facts_hold(completion: str, target: int) -> bool:
     return True
 
 
-@register_method("cpp", roles=("facts",))
+@register_method("cpp", roles=("facts",), tasks=_ANY_TASK)
 def cpp(inp: MethodInput) -> MethodResult:
-    """Concretised propositions: ``facts`` (the sub-results the solution needs, then the
-    solution), to be read against ``independent`` (solve) and ``direct`` at the same budget.
-    Only the abstract of CPP was available; the facts line is the testbed's reading of
-    "make the propositions concrete before reasoning"."""
-    jobs = [(p, prompt(p, "facts")) for p in inp.problems]
+    """Concretised propositions: ``facts`` (on Countdown the sub-results the solution
+    needs, on knowledge the recalled facts the question needs; then the solution), to be
+    read against ``independent`` (solve) and ``direct`` at the same budget. Only the
+    abstract of CPP was available; the facts line is the testbed's reading of "make the
+    propositions concrete before reasoning"."""
+    jobs = [(p, inp.fmt.prompt(p, "facts")) for p in inp.problems]
     outs = inp.gen.draw(inp.label, "facts", jobs, inp.budget, inp.cfg.max_tokens)
     rows, held = [], []
     for p, gens in zip(inp.problems, outs):
         for g in gens:
-            held.append((facts_hold(g.text, p.gold["target"]), g.correct))
+            held.append((inp.fmt.facts_hold(g.text, p), g.correct))
         rows.append(outcome(p, gens, vote(gens)))
     valid = [c for ok, c in held if ok]
     invalid = [c for ok, c in held if not ok]
@@ -212,3 +238,16 @@ def cpp(inp: MethodInput) -> MethodResult:
         "facts_true_rate": len(valid) / max(len(held), 1),
         "accuracy_when_facts_true": float(np.mean(valid)) if valid else None,
         "accuracy_when_facts_false": float(np.mean(invalid)) if invalid else None})
+
+
+def _knowledge_prompt(problem: Problem, role: str) -> str:
+    return knowledge.render_prompt(problem.gold["question"], role)
+
+
+FORMATS.register("countdown")(TaskFormat(
+    prompt=prompt, facts_hold=lambda text, p: facts_hold(text, p.gold["target"]),
+    value=countdown_value))
+FORMATS.register("knowledge")(TaskFormat(
+    prompt=_knowledge_prompt,
+    facts_hold=lambda text, p: knowledge.facts_hold(text, p.gold["question"]),
+    value=lambda _, text: knowledge.answer_value(text)))

@@ -29,10 +29,8 @@ from es_llm.tasks import TaskConfig, build_task
 from es_llm.testtime import dart, protocols, selection, ttel  # noqa: F401
 from es_llm.testtime.curves import auc_difference_ci, dominates, log_auc, pareto_front
 from es_llm.testtime.generations import Generations, HFScorer
-from es_llm.testtime.methods import METHODS, MethodInput, TestTimeSettings
+from es_llm.testtime.methods import FORMATS, METHODS, MethodInput, TestTimeSettings
 from es_llm.testtime.roles import check_roles
-
-TASKS = ("countdown",)
 
 
 @dataclass(frozen=True)
@@ -41,8 +39,9 @@ class TestTimeConfig:
 
     # The model folder (the reasoning testbed model for the multi-role methods).
     model: str = ""
-    # The problems: countdown only (the roles are Countdown formats); without data, the
-    # model's held-out data/countdown_eval.jsonl.
+    # The problems: countdown, or knowledge (its model: es-llm testbed knowledge.enabled=true)
+    # for independent, direct and cpp; without data, the model's held-out
+    # data/<task>_eval.jsonl.
     task: TaskConfig = field(default_factory=lambda: TaskConfig(name="countdown"))
     # Methods to run, from: independent, direct, cpp, dart, ttel, base_select, formalize_all,
     # base_oracle, per, broadcast, discussion.
@@ -90,24 +89,30 @@ class TestTimeConfig:
         if bad:
             raise BadInput(f"pairs entries must be A:B, two different test-time methods "
                            f"({', '.join(METHODS.names())}), got {bad}.")
-        if self.task.name not in TASKS:
-            raise BadInput(f"testtime runs on task {', '.join(TASKS)} only (its roles are "
-                           f"Countdown formats), got {self.task.name!r}.")
+        if self.task.name not in FORMATS:
+            raise BadInput(f"testtime runs on the tasks {', '.join(FORMATS.names())} only (it "
+                           f"writes their role prompts), got {self.task.name!r}.")
+        other = [m for m in self.methods if self.task.name not in METHODS.get(m).tasks]
+        if other:
+            runnable = [m for m in METHODS.names() if self.task.name in METHODS.get(m).tasks]
+            raise BadInput(f"on task {self.task.name} the methods {', '.join(other)} cannot "
+                           f"run (they read Countdown traces, reviews or statements); choose "
+                           f"from {', '.join(runnable)}, e.g. --methods {','.join(runnable)}.")
         if self.bootstrap < 10:
             raise BadInput(f"bootstrap must be at least 10 resamples, got {self.bootstrap}.")
         if self.task.chat.template:
-            raise BadInput("testtime writes its own role prompts (the testbed's Countdown "
-                           "formats) and sends them raw, so task.chat.template must be off.")
+            raise BadInput("testtime writes its own role prompts (the testbed's formats) and "
+                           "sends them raw, so task.chat.template must be off.")
 
 
 def _problems(cfg: TestTimeConfig):
     """The evaluation problems and, if DART runs, its calibration problems."""
     task_cfg = cfg.task
     if task_cfg.data is None:
-        held = Path(cfg.model) / "data" / "countdown_eval.jsonl"
+        held = Path(cfg.model) / "data" / f"{task_cfg.name}_eval.jsonl"
         if not held.is_file():
-            raise BadInput(f"model {cfg.model!r} has no held-out data/countdown_eval.jsonl; "
-                           f"give the problems with --data FILE.")
+            raise BadInput(f"model {cfg.model!r} has no held-out data/{held.name}; give the "
+                           f"problems with --data FILE.")
         task_cfg = replace(task_cfg, data=str(held))
     task = build_task(task_cfg)
     problems = task.problems()
@@ -160,7 +165,7 @@ def run_methods(cfg: TestTimeConfig, gen: Generations, problems, calibration,
             t0 = time.perf_counter()
             label = (name, budget)
             result = spec.run(MethodInput(label, problems, budget, gen, cfg.testtime,
-                                          prepared))
+                                          prepared, FORMATS.get(cfg.task.name)))
             for row in result.outcomes:
                 generated, scored = gen.cost(label, row["problem_id"])
                 outcome_rows.append({"method": name, "budget": budget, **row,
@@ -274,7 +279,8 @@ def testtime(cfg: TestTimeConfig, out: str | Path, progress: bool = True, echo=p
          f"{', '.join(map(str, cfg.budgets))} on {len(problems)} problems, backend "
          f"{backend.name}")
     try:
-        gen = Generations(backend, task, cfg.testtime.temperature, cfg.seed, scorer)
+        gen = Generations(backend, task, cfg.testtime.temperature, cfg.seed, scorer,
+                          value=FORMATS.get(cfg.task.name).value)
         summary, outcome_rows = run_methods(cfg, gen, problems, calibration, progress)
     finally:
         backend.close()
