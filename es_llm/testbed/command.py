@@ -46,9 +46,11 @@ sampler settings; diffusion.enabled=true), and domain models of the student's
 family with their own held-out sets: code/ learns the pyfunc task
 (code.enabled=true; scoring needs bubblewrap) and chess/ the chess task
 (chess.enabled=true; needs the Syzygy tables that scripts/setup.sh installs),
-and reasoning/ plays Countdown in the solve, direct, facts, review and revise
-roles that `es-llm testtime` needs (reasoning.enabled=true; roles.json lists
-them); swa/ is the student converted to sliding-window attention (SWARR:
+reasoning/ plays Countdown in the solve, direct, facts, review, revise and
+formalize roles that `es-llm testtime` needs (reasoning.enabled=true; roles.json
+lists them), and knowledge/ answers questions composing the facts of a fixed
+world in the solve, direct and facts roles (knowledge.enabled=true; `es-llm
+testtime --task knowledge`); swa/ is the student converted to sliding-window attention (SWARR:
 swa.window keys per query on swa.layers, then SFT on the pretraining mix;
 swa/no_sft/ holds the converted weights before it; swa.enabled=true). Builds are
 cached by a hash of the config and builder code under $ES_LLM_CACHE (default
