@@ -190,9 +190,9 @@ def answer_value(completion: str) -> int | None:
     return int(text) if text is not None and re.fullmatch(r"-?[0-9]{1,12}", text) else None
 
 
-def facts_hold(completion: str, question: str, w: World | None = None) -> bool:
+def facts_hold(completion: str, question: str) -> bool:
     """Whether a facts line states only true facts and every fact the question needs."""
-    w = w or world()
+    w = world()
     stated = set()
     for part in completion.split("\n", 1)[0].split(";"):
         m = _FACT_RE.fullmatch(part.strip())
