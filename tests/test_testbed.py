@@ -12,6 +12,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from es_llm.config import dump_yaml
 from es_llm.errors import BadInput
 from es_llm.io import read_jsonl
 from es_llm.testbed.build import build_testbed
@@ -47,6 +48,13 @@ def test_build_is_deterministic_and_cached(tmp_path, monkeypatch):
     c, _ = build_testbed(tiny(), tmp_path / "new" / "dirs" / "c", progress=False, echo=said.append)
     assert any("found in cache" in s for s in said)
     assert weights_digest(c) == weights_digest(a)
+    # One served from the cache under another report setting records the config it asked
+    # for, not the first builder's.
+    other, served = tiny(0, "report.samples=3"), []
+    e, _ = build_testbed(other, tmp_path / "e", progress=False, echo=served.append)
+    assert served and all("found in cache" in s for s in served)
+    assert weights_digest(e) == weights_digest(a)
+    assert (e / "testbed.yaml").read_text() == dump_yaml(other) != (c / "testbed.yaml").read_text()
     # Another seed is another model.
     d, _ = build_testbed(tiny(seed=1), tmp_path / "d", progress=False, echo=lambda *_: None)
     assert weights_digest(d) != weights_digest(a)

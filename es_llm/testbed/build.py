@@ -346,6 +346,9 @@ def build_testbed(cfg: TestbedConfig, out: str | Path | None = None, progress: b
         staging = make_temp_dir(target.resolve().parent, f".{target.name}.")
         try:
             shutil.copytree(cached, staging, dirs_exist_ok=True)
+            # The cached folder's testbed.yaml is whichever request built it first (another
+            # report setting or enabled part, same student); the copy records this request's.
+            write_text_atomic(staging / "testbed.yaml", dump_yaml(cfg))
             share_tree(staging)
             replace_dir_atomic(staging, target)
         except BaseException:
