@@ -222,9 +222,13 @@ def facts_hold(completion: str, target: int) -> bool:
 def cpp(inp: MethodInput) -> MethodResult:
     """Concretised propositions: ``facts`` (on Countdown the sub-results the solution
     needs, on knowledge the recalled facts the question needs; then the solution), to be
-    read against ``independent`` (solve) and ``direct`` at the same budget. Only the
-    abstract of CPP was available; the facts line is the testbed's reading of "make the
-    propositions concrete before reasoning"."""
+    read against ``independent`` (solve) and ``direct`` at the same budget. On knowledge it
+    tests the source's main claim, that stating the recalled propositions helps compose
+    memorised knowledge; on Countdown, which has none, only that it stays competitive on
+    maths. Only the abstract of CPP was available; the facts line is the testbed's reading
+    of "make the propositions concrete before reasoning", and on knowledge it writes each
+    fact in the form the model learnt it, which the setting cannot separate from the
+    method."""
     jobs = [(p, inp.fmt.prompt(p, "facts")) for p in inp.problems]
     outs = inp.gen.draw(inp.label, "facts", jobs, inp.budget, inp.cfg.max_tokens)
     rows, held = [], []
