@@ -41,8 +41,8 @@ from es_llm.errors import BadInput
 from es_llm.tasks.arithmetic import extract_answer, score_completion
 from es_llm.tasks.base import InProcessTask, Problem, Score
 from es_llm.tasks.loading import load_records, record_id, row_messages
-from es_llm.tasks.registry import (TaskConfig, check_tiers, choose_rows, data_path,
-                                   distinct_problems, read_limit, register_task)
+from es_llm.tasks.registry import (TaskConfig, check_tiers, file_or_generated,
+                                   register_task)
 
 TIERS = (2, 3, 4)
 ROLES = ("solve", "direct", "facts")
@@ -243,13 +243,8 @@ class KnowledgeTask(InProcessTask):
 
     def problems(self) -> list[Problem]:
         if self._problems is None:
-            if self.cfg.data is not None:
-                self._problems = choose_rows(
-                    load_problems(data_path(self.cfg), read_limit(self.cfg)), self.cfg)
-            else:
-                made = distinct_problems(held_out, lambda p: p.gold["question"], self.cfg,
-                                         self._tiers)
-                self._problems = choose_rows(made, self.cfg)
+            self._problems = file_or_generated(self.cfg, load_problems, held_out,
+                                               lambda p: p.gold["question"], self._tiers)
         return list(self._problems)
 
     def _score(self, problem: Problem, completion: str) -> Score:

@@ -28,8 +28,8 @@ from es_llm.errors import BadInput
 from es_llm.tasks.base import Problem
 from es_llm.tasks.code import CodeTaskBase
 from es_llm.tasks.loading import load_records, record_id, row_messages
-from es_llm.tasks.registry import (TaskConfig, check_tiers, choose_rows, data_path,
-                                   distinct_problems, read_limit, register_task)
+from es_llm.tasks.registry import (TaskConfig, check_tiers, file_or_generated,
+                                   register_task)
 from es_llm.sandbox import io_check
 
 TIERS = (1, 2, 3, 4)
@@ -183,12 +183,8 @@ class PyFuncTask(CodeTaskBase):
 
     def problems(self) -> list[Problem]:
         if self._problems is None:
-            if self.cfg.data is not None:
-                self._problems = choose_rows(
-                    load_problems(data_path(self.cfg), read_limit(self.cfg)), self.cfg)
-            else:
-                made = distinct_problems(generate, lambda p: p.prompt, self.cfg, self._tiers)
-                self._problems = choose_rows(made, self.cfg)
+            self._problems = file_or_generated(self.cfg, load_problems, generate,
+                                               lambda p: p.prompt, self._tiers)
         return list(self._problems)
 
     def program(self, problem: Problem, completion: str) -> str:

@@ -237,3 +237,13 @@ def read_limit(cfg: TaskConfig) -> int | None:
 def data_path(cfg: TaskConfig) -> Path:
     """``cfg.data`` as a Path (callers check ``cfg.data is not None`` first)."""
     return Path(cfg.data).expanduser()
+
+
+def file_or_generated(cfg: TaskConfig, load: Callable[[Path, int | None], list[Problem]],
+                      generate: Callable[[random.Random, int], tuple[Problem, str]],
+                      key: Callable[[Problem], object], tiers: tuple[int, ...]) -> list[Problem]:
+    """A procedural task's problems: ``load(path, limit)`` of ``cfg.data`` when given, else
+    ``distinct_problems`` of ``generate``; then ``cfg.select`` and ``cfg.limit``."""
+    if cfg.data is not None:
+        return choose_rows(load(data_path(cfg), read_limit(cfg)), cfg)
+    return choose_rows(distinct_problems(generate, key, cfg, tiers), cfg)
